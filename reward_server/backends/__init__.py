@@ -1,0 +1,1 @@
+"""Engines behind the judge and NLI protocols (see :mod:`reward_server.backends.base`)."""

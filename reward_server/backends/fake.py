@@ -1,0 +1,169 @@
+"""Deterministic engines that really implement the protocols: for tests, demos and benchmarks.
+
+FakeJudge
+    ``p_yes(context, text, rule) = 0.02 + 0.96 * covered / len(terms)`` where ``terms`` are the
+    rule's key terms: the phrases it quotes (``"..."`` or ``'...'``) if it quotes any, otherwise
+    its words of five or more letters that are not stop words; ``covered`` counts the terms found
+    in the text (case-insensitive, whole words). A rule with no key term gets 0.5 (undecided,
+    hence not satisfied). The context is ignored.
+
+    ``generate`` returns ``scripted[seed % len(scripted)]`` when scripted outputs were given;
+    otherwise a JSON array of ten rules ``The text uses the word "w".`` whose words ``w`` are the
+    user prompt's most frequent key words (ties alphabetical), rotated by ``3 * seed``.
+
+FakeNLI
+    Set inclusion: both sides are split into sentences, each reduced to its content words (words
+    of two or more characters minus the stop words below, which include the NLICV template
+    words). ``entailment = 0.98`` iff every content word of the hypothesis occurs in the premise,
+    else ``0.02``; ``0.0`` when either side has no content word. Token counts are word counts;
+    a pair longer than ``max_length`` words is reported truncated and judged on its first
+    ``max_length`` words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from reward_server.backends.base import GenerationRequest, JudgePrompt, NLIPair, NLIScore
+
+STOP_WORDS = frozenset(
+    """a an and are as at be but by for from has have he her his i if in into is it its of on or
+    our she so that the their them then there these they this to was we were what when which who
+    will with you your about answer content user interested related text uses word""".split()
+)
+
+_QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def key_terms(rule: str) -> list[str]:
+    """The terms FakeJudge looks for in a text (see module doc)."""
+    quoted = [a or b for a, b in _QUOTED.findall(rule)]
+    if quoted:
+        return [q.strip().lower() for q in quoted if q.strip()]
+    return [w for w in _words(rule) if len(w) >= 5 and w not in STOP_WORDS]
+
+
+def _contains(text_words: Sequence[str], term: str) -> bool:
+    term_words = _words(term)
+    if not term_words:
+        return False
+    n = len(term_words)
+    return any(list(text_words[i : i + n]) == term_words for i in range(len(text_words) - n + 1))
+
+
+def fake_p_yes(text: str, rule: str) -> float:
+    terms = key_terms(rule)
+    if not terms:
+        return 0.5
+    text_words = _words(text)
+    covered = sum(1 for t in terms if _contains(text_words, t))
+    return 0.02 + 0.96 * covered / len(terms)
+
+
+class FakeJudge:
+    """Deterministic judge and generator (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        scripted: Sequence[str] | None = None,
+        latency_s: float = 0.0,
+        model_id: str = "fake-judge",
+    ) -> None:
+        self._scripted = tuple(scripted) if scripted else ()
+        self._latency_s = latency_s
+        self._model_id = model_id
+        self.batch_sizes: list[int] = []  # one entry per p_yes call, for tests and benchmarks
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        self.batch_sizes.append(len(prompts))
+        if self._latency_s:
+            await asyncio.sleep(self._latency_s)
+        return [fake_p_yes(p.text, p.rule) for p in prompts]
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        if self._latency_s:
+            await asyncio.sleep(self._latency_s)
+        return [self._generate_one(r) for r in requests]
+
+    def _generate_one(self, request: GenerationRequest) -> str:
+        seed = request.seed or 0
+        if self._scripted:
+            return self._scripted[seed % len(self._scripted)]
+        counts = Counter(w for w in _words(request.user) if len(w) >= 5 and w not in STOP_WORDS)
+        ranked = sorted(counts, key=lambda w: (-counts[w], w))
+        if not ranked:
+            return "[]"
+        shift = (3 * seed) % len(ranked)
+        chosen = (ranked[shift:] + ranked[:shift])[:10]
+        return json.dumps([{"rule": f'The text uses the word "{w}".'} for w in chosen])
+
+    async def close(self) -> None:
+        return None
+
+
+def split_sentences_simple(text: str) -> list[str]:
+    return [s for s in (part.strip() for part in _SENTENCE_END.split(text.strip())) if s]
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in _words(text) if len(w) >= 2 and w not in STOP_WORDS}
+
+
+class FakeNLI:
+    """Deterministic set-inclusion NLI (see module doc)."""
+
+    def __init__(
+        self, *, max_length: int = 512, latency_s: float = 0.0, model_id: str = "fake-nli"
+    ) -> None:
+        self._max_length = max_length
+        self._latency_s = latency_s
+        self._model_id = model_id
+        self.batch_sizes: list[int] = []
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return [len(t.split()) for t in texts]
+
+    def _score(self, pair: NLIPair) -> NLIScore:
+        p_tokens = pair.premise.split()
+        h_tokens = pair.hypothesis.split()
+        truncated = len(p_tokens) + len(h_tokens) > self._max_length
+        premise = pair.premise
+        if truncated:  # keep the hypothesis whole, cut the premise (like "only_first")
+            premise = " ".join(p_tokens[: max(0, self._max_length - len(h_tokens))])
+        hyp = content_words(pair.hypothesis)
+        prem = content_words(premise)
+        if not hyp or not prem:
+            return NLIScore(0.0, truncated)
+        return NLIScore(0.98 if hyp <= prem else 0.02, truncated)
+
+    async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
+        self.batch_sizes.append(len(pairs))
+        if self._latency_s:
+            await asyncio.sleep(self._latency_s)
+        return [self._score(p) for p in pairs]
+
+    async def close(self) -> None:
+        return None
