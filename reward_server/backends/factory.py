@@ -1,0 +1,50 @@
+"""Build engines from settings. Heavy engines are imported only when asked for."""
+
+from __future__ import annotations
+
+import logging
+
+from reward_server.backends.base import JudgeEngine, NLIEngine
+from reward_server.backends.fake import FakeJudge, FakeNLI
+from reward_server.config import JudgeBackendSettings, NLIBackendSettings
+from reward_server.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def build_judge(settings: JudgeBackendSettings) -> JudgeEngine:
+    """The judge engine named by ``settings.kind`` (loads its model; may take a while)."""
+    logger.info("building judge engine kind=%s model=%s", settings.kind, settings.model)
+    if settings.kind == "fake":
+        return FakeJudge()
+    if settings.kind == "transformers":
+        from reward_server.backends.transformers_judge import TransformersJudge
+
+        return TransformersJudge.from_settings(settings)
+    if settings.kind == "vllm":
+        from reward_server.backends.vllm_judge import VLLMJudge
+
+        return VLLMJudge.from_settings(settings)
+    if settings.kind == "openai":
+        from reward_server.backends.openai_judge import OpenAIJudge
+
+        return OpenAIJudge.from_settings(settings)
+    raise ConfigError(f"judge.kind={settings.kind!r} is unknown; use fake|transformers|vllm|openai")
+
+
+def build_nli(settings: NLIBackendSettings, *, judge: JudgeEngine | None = None) -> NLIEngine:
+    """The NLI engine named by ``settings.kind``; ``judge`` is needed for kind ``judge``."""
+    logger.info("building NLI engine kind=%s model=%s", settings.kind, settings.model)
+    if settings.kind == "fake":
+        return FakeNLI(max_length=settings.max_length)
+    if settings.kind == "transformers":
+        from reward_server.backends.transformers_nli import TransformersNLI
+
+        return TransformersNLI.from_settings(settings)
+    if settings.kind == "judge":
+        if judge is None:
+            raise ConfigError("nli_engine.kind=judge needs a judge engine (set judge.kind)")
+        from reward_server.backends.judge_nli import JudgeAsNLI
+
+        return JudgeAsNLI(judge, max_length=settings.max_length)
+    raise ConfigError(f"nli_engine.kind={settings.kind!r} is unknown; use fake|transformers|judge")
