@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reward_server.domain import NliRewardFunction
+from reward_server.domain import NliRewardFunction, Regime
+
+# Each template is rendered with exactly one named field (str.format); validated at load.
+TEMPLATE_FIELDS: dict[str, str] = {
+    "premise_template": "response",
+    "correct_template": "answer",
+    "aligned_template": "preference",
+    "interested_premise_template": "profile",
+    "interested_template": "preference",
+    "related_premise_template": "query",
+    "related_template": "preference",
+}
 
 
 class NLISettings(BaseModel):
@@ -24,10 +35,29 @@ class NLISettings(BaseModel):
         "The content of the answer is about {preference}.",
         description="Hypothesis of Aligned(r, i).",
     )
+    interested_premise_template: str = Field(
+        "{profile}", description="Premise of the input predicate Interested(u, i): the profile."
+    )
+    interested_template: str = Field(
+        "The user is interested in {preference}.",
+        description="Hypothesis of Interested(u, i).",
+    )
+    related_premise_template: str = Field(
+        "The query is {query}.", description="Premise of the input predicate Related(q, i)."
+    )
+    related_template: str = Field(
+        "The query is related to {preference}.", description="Hypothesis of Related(q, i)."
+    )
     long_premise: Literal["truncate", "windows"] = Field(
         "truncate",
         description="Premises over the model's max length: cut (reported) or split into sentence "
         "windows that fit, scored separately, max over windows.",
+    )
+    window_reserved_tokens: int = Field(
+        4,
+        ge=0,
+        description="windows: tokens kept free for the model's special tokens ([CLS]/[SEP]) "
+        "when packing premise sentences next to the hypothesis.",
     )
     evidence_mode: Literal["algorithm1", "cumulative"] = Field(
         "algorithm1",
@@ -46,5 +76,30 @@ class NLISettings(BaseModel):
         },
         description="Reward per regime for the 'regime' reward function.",
     )
-    weight_correct: float = Field(0.5, ge=0.0, description="w_c in weighted_sum: w_c*S_c + w_a*S_a.")
+    weight_correct: float = Field(
+        0.5, ge=0.0, description="w_c in weighted_sum: (w_c*S_c + w_a*S_a) / (w_c + w_a)."
+    )
     weight_aligned: float = Field(0.5, ge=0.0, description="w_a in weighted_sum.")
+
+    @model_validator(mode="after")
+    def _check(self) -> NLISettings:
+        for name, field_name in TEMPLATE_FIELDS.items():
+            template = getattr(self, name)
+            try:
+                template.format(**{field_name: "x"})
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(
+                    f"{name}={template!r} must use exactly the placeholder {{{field_name}}} "
+                    f"(double other braces): {e!r}"
+                ) from None
+            if "{" + field_name + "}" not in template:
+                raise ValueError(f"{name}={template!r} lacks the placeholder {{{field_name}}}")
+        wanted = {r.value for r in Regime}
+        if set(self.regime_rewards) != wanted:
+            raise ValueError(
+                f"regime_rewards must name exactly {sorted(wanted)}, "
+                f"got {sorted(self.regime_rewards)}"
+            )
+        if self.weight_correct + self.weight_aligned <= 0.0:
+            raise ValueError("weight_correct + weight_aligned must be > 0 for weighted_sum")
+        return self

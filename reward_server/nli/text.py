@@ -1,0 +1,86 @@
+"""Sentence units and template rendering for NLICV (METHODS §2.4).
+
+How ablated texts are wrapped by the templates (our documented choice):
+
+* A constraint's premise is ``premise_template`` rendered with the response, its hypothesis is
+  ``correct_template`` / ``aligned_template`` rendered with the answer / preference.
+* Units are the sentences of the *filled-in text* (response, answer, preference), never of the
+  rendered template: the template words are scaffolding, not propositions.
+* An ablated side is the template re-rendered with the remaining sentences joined by one space.
+  The unablated side is rendered with the original text untouched, so the main score is exactly
+  the released code's pair ``("The answer is {response}.",
+  "The content of the answer is about {answer}.")``.
+* A side with no sentence left is *empty*: as a premise it entails nothing (score 0, no engine
+  call); as a hypothesis it is the empty conjunction, a tautology (entailment restored, no call).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_FALLBACK_SPLIT = re.compile(r"(?<=[.!?])\s+|\n\s*\n+")
+
+
+@functools.lru_cache(maxsize=1)
+def _segmenter() -> Any:
+    try:
+        import pysbd
+    except ImportError:  # pragma: no cover - pysbd is a server dependency
+        logger.warning("pysbd is not installed; splitting sentences on end punctuation")
+        return None
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def split_sentences(text: str) -> tuple[str, ...]:
+    """Sentences of ``text`` (pysbd rules; a regex on ``.!?`` when pysbd is missing or fails)."""
+    if not text.strip():
+        return ()
+    seg = _segmenter()
+    parts: list[str]
+    if seg is not None:
+        try:
+            parts = [str(s) for s in seg.segment(text)]
+        except Exception:  # pysbd has raised on odd inputs; never lose the text
+            logger.warning("pysbd failed on a %d-char text; using the regex splitter", len(text))
+            parts = _FALLBACK_SPLIT.split(text)
+    else:
+        parts = _FALLBACK_SPLIT.split(text)
+    return tuple(s for s in (p.strip() for p in parts) if s)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of an NLI query: a template, the text it wraps, its sentences, what is removed."""
+
+    template: str
+    field: str
+    text: str
+    units: tuple[str, ...]
+    removed: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, template: str, field: str, text: str) -> Side:
+        return cls(template, field, text, split_sentences(text))
+
+    def without(self, *indices: int) -> Side:
+        return Side(self.template, self.field, self.text, self.units, self.removed | set(indices))
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        return tuple(u for i, u in enumerate(self.units) if i not in self.removed)
+
+    @property
+    def empty(self) -> bool:
+        return not self.kept
+
+    def body(self) -> str:
+        return self.text if not self.removed else " ".join(self.kept)
+
+    def render(self, body: str | None = None) -> str:
+        return self.template.format(**{self.field: self.body() if body is None else body})

@@ -1,0 +1,225 @@
+"""NLICV constraint verification, regimes and rewards (METHODS §2.1-2.2).
+
+``S_c = f("The answer is {response}.", "The content of the answer is about {answer}.")`` and
+``S_a`` the same with the preference (templates from :class:`NLISettings`); an empty response,
+answer or preference scores 0 without an engine call. Every NLI query of a call (both constraints,
+every item, every ablation) goes to the engine in one batched pass; only
+``evidence_mode="cumulative"`` needs more passes (one per premise sentence).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from reward_server.backends.base import NLIEngine
+from reward_server.domain import (
+    ConstraintEvidence,
+    NliConstraintsSpec,
+    NliRewardFunction,
+    Regime,
+    RewardOutcome,
+    Verification,
+)
+from reward_server.nli.batch import QueryBatch
+from reward_server.nli.evidence import EvidencePlan, run_cumulative
+from reward_server.nli.settings import TEMPLATE_FIELDS, NLISettings
+from reward_server.nli.text import Side
+
+logger = logging.getLogger(__name__)
+
+REGIME_ORDER: tuple[Regime, ...] = (
+    Regime.PERSONALIZATION,
+    Regime.GENERALIZATION,
+    Regime.SYCOPHANCY,
+    Regime.FAILURE,
+)
+
+
+@dataclass(frozen=True)
+class VerifyInput:
+    response: str
+    answer: str
+    preference: str
+
+
+def regime_of(s_correct: float, s_aligned: float, tau: float) -> Regime:
+    """The confusion-matrix cell (METHODS §2.2); satisfied iff S > tau."""
+    c, a = s_correct > tau, s_aligned > tau
+    if c and a:
+        return Regime.PERSONALIZATION
+    if c:
+        return Regime.GENERALIZATION
+    if a:
+        return Regime.SYCOPHANCY
+    return Regime.FAILURE
+
+
+def reward_of(
+    function: NliRewardFunction, v: Verification, settings: NLISettings
+) -> float:
+    """The ``nli_constraints`` reward of a verification under ``function``."""
+    if function is NliRewardFunction.REGIME:
+        return settings.regime_rewards[v.regime.value]
+    if function is NliRewardFunction.ALIGNED_ONLY:
+        return v.s_aligned
+    if function is NliRewardFunction.PRODUCT:
+        return v.s_correct * v.s_aligned
+    if function is NliRewardFunction.WEIGHTED_SUM:
+        wc, wa = settings.weight_correct, settings.weight_aligned
+        return (wc * v.s_correct + wa * v.s_aligned) / (wc + wa)
+    raise ValueError(f"unknown NLI reward function {function!r}")
+
+
+def components_of(v: Verification, settings: NLISettings, *, windowed: bool) -> dict[str, float]:
+    tau = settings.threshold
+    out = {
+        "s_correct": v.s_correct,
+        "s_aligned": v.s_aligned,
+        "correct": float(v.s_correct > tau),
+        "aligned": float(v.s_aligned > tau),
+        "truncated": float(v.truncated),
+        "windowed": float(windowed),
+    }
+    for r in REGIME_ORDER:
+        out[f"regime.{r.value}"] = float(v.regime is r)
+    return out
+
+
+def _sides(settings: NLISettings, item: VerifyInput) -> tuple[Side, Side, Side]:
+    return (
+        Side.of(settings.premise_template, "response", item.response),
+        Side.of(settings.correct_template, "answer", item.answer),
+        Side.of(settings.aligned_template, "preference", item.preference),
+    )
+
+
+async def _verify_many(
+    nli: NLIEngine, items: Sequence[VerifyInput], settings: NLISettings, *, evidence: bool
+) -> list[tuple[Verification, bool]]:
+    batch = QueryBatch(nli, settings)
+    sides = [_sides(settings, it) for it in items]
+    plans: list[tuple[EvidencePlan, EvidencePlan]] = []
+    for p, hc, ha in sides:
+        batch.add(p, hc)
+        batch.add(p, ha)
+        if evidence:
+            pair = (
+                EvidencePlan("correct", p, hc, settings.threshold),
+                EvidencePlan("aligned", p, ha, settings.threshold),
+            )
+            plans.append(pair)
+            for pl in pair:
+                batch.add_all(pl.queries())
+    await batch.run()
+    cumulative = settings.evidence_mode == "cumulative"
+    if evidence and cumulative:
+        await run_cumulative([pl for pair in plans for pl in pair], batch)
+    out: list[tuple[Verification, bool]] = []
+    for k, (p, hc, ha) in enumerate(sides):
+        qc, qa = batch.get(p, hc), batch.get(p, ha)
+        ev: tuple[ConstraintEvidence, ...] = ()
+        if evidence:
+            ev = tuple(pl.read(batch, cumulative=cumulative) for pl in plans[k])
+        v = Verification(
+            s_correct=qc.score,
+            s_aligned=qa.score,
+            regime=regime_of(qc.score, qa.score, settings.threshold),
+            truncated=qc.truncated or qa.truncated,
+            evidence=ev,
+        )
+        out.append((v, qc.windowed or qa.windowed))
+    logger.debug("verified %d items in %d engine calls", len(items), batch.engine_calls)
+    return out
+
+
+async def verify_batch(
+    nli: NLIEngine, items: Sequence[VerifyInput], settings: NLISettings, *, evidence: bool = False
+) -> list[Verification]:
+    """Verify many items in one engine pass; results in input order."""
+    return [v for v, _ in await _verify_many(nli, items, settings, evidence=evidence)]
+
+
+async def verify(
+    nli: NLIEngine,
+    *,
+    response: str,
+    answer: str,
+    preference: str,
+    evidence: bool,
+    settings: NLISettings,
+) -> Verification:
+    """NLICV on one (response, answer, preference), with ablation evidence when asked."""
+    (v,) = await verify_batch(
+        nli, [VerifyInput(response, answer, preference)], settings, evidence=evidence
+    )
+    return v
+
+
+async def nli_constraints_rewards(
+    nli: NLIEngine, specs: Sequence[NliConstraintsSpec], settings: NLISettings
+) -> list[RewardOutcome]:
+    """Rewards for many specs in one engine pass (for batching deployments)."""
+    items = [VerifyInput(s.response, s.answer, s.preference) for s in specs]
+    results = await _verify_many(nli, items, settings, evidence=False)
+    outcomes = []
+    for spec, (v, windowed) in zip(specs, results, strict=True):
+        function = spec.reward_function or settings.default_reward_function
+        outcomes.append(
+            RewardOutcome(
+                reward=reward_of(function, v, settings),
+                components=components_of(v, settings, windowed=windowed),
+            )
+        )
+    return outcomes
+
+
+async def nli_constraints_reward(
+    nli: NLIEngine, spec: NliConstraintsSpec, settings: NLISettings
+) -> RewardOutcome:
+    """The ``nli_constraints`` reward of one item (one engine call)."""
+    (outcome,) = await nli_constraints_rewards(nli, [spec], settings)
+    return outcome
+
+
+async def _predicate(nli: NLIEngine, settings: NLISettings, premise: Side, hyp: Side) -> float:
+    batch = QueryBatch(nli, settings)
+    batch.add(premise, hyp)
+    await batch.run()
+    return batch.get(premise, hyp).score
+
+
+async def interested(
+    nli: NLIEngine, *, profile: str, preference: str, settings: NLISettings
+) -> float:
+    """Input predicate Interested(u, i): S_ent(profile, "The user is interested in {i}.")."""
+    return await _predicate(
+        nli,
+        settings,
+        Side.of(settings.interested_premise_template, "profile", profile),
+        Side.of(settings.interested_template, "preference", preference),
+    )
+
+
+async def related(nli: NLIEngine, *, query: str, preference: str, settings: NLISettings) -> float:
+    """Input predicate Related(q, i): S_ent("The query is {q}.", "The query is related to {i}.")."""
+    return await _predicate(
+        nli,
+        settings,
+        Side.of(settings.related_premise_template, "query", query),
+        Side.of(settings.related_template, "preference", preference),
+    )
+
+
+def template_versions(settings: NLISettings) -> dict[str, str]:
+    """Provenance: the template version, a digest of the templates actually configured, policies."""
+    text = "\n".join(f"{name}={getattr(settings, name)}" for name in sorted(TEMPLATE_FIELDS))
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    return {
+        "nli.constraints": settings.template_version,
+        "nli.templates_sha256": digest,
+        "nli.long_premise": settings.long_premise,
+        "nli.evidence_mode": settings.evidence_mode,
+    }
