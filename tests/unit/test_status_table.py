@@ -1,0 +1,45 @@
+import asyncio
+import inspect
+
+import grpc
+
+from reward_server import errors
+from reward_server.rpc.status import STATUS_TABLE, message_for, status_for
+
+
+def _error_classes() -> list[type]:
+    return [
+        c
+        for _, c in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(c, errors.RewardServerError) and c is not errors.RewardServerError
+    ]
+
+
+def test_table_is_total_over_the_taxonomy() -> None:
+    missing = [c.__name__ for c in _error_classes() if c not in STATUS_TABLE]
+    assert missing == []
+
+
+def test_codes() -> None:
+    assert status_for(errors.InvalidRequest("x")) is grpc.StatusCode.INVALID_ARGUMENT
+    assert status_for(errors.Unauthenticated("x")) is grpc.StatusCode.UNAUTHENTICATED
+    assert status_for(errors.Overloaded("x")) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_for(errors.BackendUnavailable("x")) is grpc.StatusCode.UNAVAILABLE
+    assert status_for(errors.DeadlineExceeded("x")) is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status_for(asyncio.TimeoutError()) is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status_for(KeyError("boom")) is grpc.StatusCode.INTERNAL
+
+
+def test_subclasses_inherit_their_parents_code() -> None:
+    class JudgeCrashed(errors.BackendUnavailable):
+        pass
+
+    assert status_for(JudgeCrashed("x")) is grpc.StatusCode.UNAVAILABLE
+
+
+def test_messages() -> None:
+    assert message_for(errors.InvalidRequest("items[0].text: must not be empty")) == (
+        "items[0].text: must not be empty"
+    )
+    assert "see the server log" in message_for(ValueError("oops"))
+    assert "deadline" in message_for(asyncio.TimeoutError())
