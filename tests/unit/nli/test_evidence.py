@@ -1,0 +1,90 @@
+"""Ablation evidence (Algorithms 1 and 2) on FakeNLI, where entailment is content-word inclusion."""
+
+from __future__ import annotations
+
+from reward_server.backends.fake import FakeNLI
+from reward_server.domain import EvidencePair
+from reward_server.nli import NLISettings, verify
+
+
+async def test_several_pairs_known_exactly() -> None:
+    # premise units: p0 {paris, museums}, p1 {rivers, flow}, p2 {weather, mild}
+    # answer units:  h0 {paris, museums}, h1 {mild, weather}
+    nli = FakeNLI()
+    v = await verify(
+        nli,
+        response="Paris has museums. Rivers flow. The weather is mild.",
+        answer="Paris museums. Mild weather.",
+        preference="rivers",
+        evidence=True,
+        settings=NLISettings(),
+    )
+    correct, aligned = v.evidence
+    assert correct.constraint == "correct" and correct.score == 0.98
+    assert correct.premise_units == ("Paris has museums.", "Rivers flow.", "The weather is mild.")
+    assert correct.hypothesis_units == ("Paris museums.", "Mild weather.")
+    assert correct.critical_premise == (0, 2)  # p1 is redundant
+    assert correct.critical_hypothesis == (0, 1)  # neither answer sentence implies the other
+    # removing p0 loses {paris, museums}; dropping h0 restores entailment (and not h1)
+    assert correct.pairs == (EvidencePair(0, 0), EvidencePair(2, 1))
+    # aligned: one-sentence hypothesis is critical by definition; only p1 carries "rivers"
+    assert aligned.critical_premise == (1,)
+    assert aligned.critical_hypothesis == (0,)
+    assert aligned.pairs == (EvidencePair(1, 0),)  # empty hypothesis: tautology, restored
+    assert nli.batch_sizes and len(nli.batch_sizes) == 1  # the whole request in one pass
+
+
+async def test_one_sentence_premise_is_critical() -> None:
+    v = await verify(
+        FakeNLI(),
+        response="Paris is nice.",
+        answer="Paris",
+        preference="Rome",
+        evidence=True,
+        settings=NLISettings(),
+    )
+    correct, aligned = v.evidence
+    assert (correct.critical_premise, correct.critical_hypothesis) == ((0,), (0,))
+    assert correct.pairs == (EvidencePair(0, 0),)
+    # a constraint that is not satisfied has no critical premise unit and no pair
+    assert (aligned.score, aligned.critical_premise, aligned.pairs) == (0.02, (), ())
+    assert aligned.critical_hypothesis == (0,)
+
+
+async def test_redundant_premise_algorithm1_vs_cumulative() -> None:
+    # Both sentences say "paris": Algorithm 1 removes one at a time from the full premise, so
+    # neither is critical. The released code's cumulative pruning keeps p0 removed once it is
+    # found redundant, so removing p1 next leaves nothing: p1 becomes critical.
+    args = {"response": "Paris is here. Paris is big.", "answer": "Paris", "preference": "big"}
+    nli = FakeNLI()
+    a1 = await verify(nli, **args, evidence=True, settings=NLISettings())
+    assert a1.evidence[0].critical_premise == ()
+    assert a1.evidence[0].pairs == ()
+    nli_c = FakeNLI()
+    cu = await verify(
+        nli_c, **args, evidence=True, settings=NLISettings(evidence_mode="cumulative")
+    )
+    assert cu.evidence[0].critical_premise == (1,)
+    # Algorithm 2's guard: removing p1 alone still entails, so p1 pairs with nothing
+    assert cu.evidence[0].pairs == ()
+    assert cu.evidence[1].critical_premise == (1,)  # "big" only in p1: same in both modes
+    assert a1.evidence[1].critical_premise == (1,)
+    assert len(nli_c.batch_sizes) <= 1 + 2
+
+
+async def test_cumulative_extra_pass_when_ablation_is_new() -> None:
+    # answer == preference: the two constraints share every query (pass one: 4 distinct pairs).
+    # i=0: P-{0} entails (p1 says paris): prune p0 (already scored in pass one, no call);
+    # i=1: P-{0,1} = "Rome is far." is new: one pass, fails -> p1 critical;
+    # i=2: P-{0,2} = "Paris is big." is new: one pass, entails -> pruned.
+    nli = FakeNLI()
+    v = await verify(
+        nli,
+        response="Paris is here. Paris is big. Rome is far.",
+        answer="Paris",
+        preference="Paris",
+        evidence=True,
+        settings=NLISettings(evidence_mode="cumulative"),
+    )
+    assert v.evidence[0].critical_premise == (1,)
+    assert nli.batch_sizes == [4, 1, 1]
