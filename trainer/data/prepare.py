@@ -1,0 +1,178 @@
+"""``python -m trainer.data.prepare``: raw data -> verl parquet + TRL dataset.
+
+Examples::
+
+    # the shipped sample, rubric-generator task (PARL-A)
+    python -m trainer.data.prepare --sample --task rubric_generator --out data/parl_a
+    # LaMP-4 with separate golds, personalized generator scored by induced rules
+    python -m trainer.data.prepare --task personalized_generator \\
+        --source news=LaMP_4/train_questions.json:LaMP_4/train_outputs.json \\
+        --rules rules.jsonl --out data/news_pg
+
+Writes ``OUT/train.parquet`` and ``OUT/val.parquet`` (verl: data_source, prompt, ability,
+reward_model, extra_info) and ``OUT/trl_train.parquet`` / ``OUT/trl_val.parquet`` (TRL: prompt,
+data_source, extra_info_json). ``--val-size N`` holds out the last N users (per source);
+with 0 the val files repeat up to 8 training rows (verl always loads a val set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reward_server.domain import ParlVariant, RubricAggregate
+from trainer.data.loaders import (
+    LOADERS,
+    load_baselines,
+    load_constraints,
+    load_lamp4,
+    load_rules,
+)
+from trainer.data.records import DataFormatError, UserRecord
+from trainer.tasks.common import PERSONALIZED_KINDS, TASK_NAMES, build_row
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
+SAMPLE_SOURCES = {"amazon": "amazon.jsonl", "news": "lamp4.jsonl", "reddit": "longlamp.jsonl"}
+
+
+def load_source(spec: str, *, history_limit: int) -> list[UserRecord]:
+    """``FORMAT=PATH`` (news also ``news=QUESTIONS:OUTPUTS``) -> records."""
+    fmt, sep, path = spec.partition("=")
+    if not sep or fmt not in LOADERS:
+        raise ValueError(
+            f"--source {spec!r}: expected FORMAT=PATH with FORMAT in {sorted(LOADERS)}"
+        )
+    if fmt == "news" and ":" in path:
+        questions, outputs = path.split(":", 1)
+        return load_lamp4(Path(questions), outputs=Path(outputs), history_limit=history_limit)
+    return LOADERS[fmt](Path(path), history_limit=history_limit)
+
+
+def attach(
+    records: Sequence[UserRecord],
+    *,
+    baselines: Path | None = None,
+    rules: Path | None = None,
+    constraints: Path | None = None,
+) -> list[UserRecord]:
+    """Join side files onto records by ``user_id``."""
+    b = load_baselines(baselines) if baselines else {}
+    r = load_rules(rules) if rules else {}
+    c = load_constraints(constraints) if constraints else {}
+    out = []
+    for rec in records:
+        answer, preference = c.get(rec.user_id, (None, None))
+        out.append(rec.with_extras(
+            baselines=tuple(b[rec.user_id]) if rec.user_id in b else None,
+            rules=r.get(rec.user_id), answer=answer, preference=preference,
+        ))
+    return out
+
+
+def sample_records(*, history_limit: int = 10) -> list[UserRecord]:
+    """Every user of the shipped sample, with baselines, rules and constraints attached."""
+    records: list[UserRecord] = []
+    for fmt, name in SAMPLE_SOURCES.items():
+        records += LOADERS[fmt](SAMPLE_DIR / name, history_limit=history_limit)
+    return attach(records, baselines=SAMPLE_DIR / "baselines.jsonl",
+                  rules=SAMPLE_DIR / "rules.jsonl", constraints=SAMPLE_DIR / "constraints.jsonl")
+
+
+def build_rows(records: Sequence[UserRecord], task: str, **opts: Any) -> list[dict[str, Any]]:
+    return [build_row(task, rec, i, **opts) for i, rec in enumerate(records)]
+
+
+def to_trl(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TRL rows: the conversational ``prompt`` plus the reward's inputs as one JSON string."""
+    return [{"prompt": r["prompt"], "data_source": r["data_source"],
+             "extra_info_json": json.dumps(r["extra_info"], ensure_ascii=False)} for r in rows]
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(list(rows)), path)
+
+
+def write_all(rows: Sequence[dict[str, Any]], val: Sequence[dict[str, Any]], out: Path) -> None:
+    val = list(val) or list(rows[:8])
+    write_parquet(rows, out / "train.parquet")
+    write_parquet(val, out / "val.parquet")
+    write_parquet(to_trl(rows), out / "trl_train.parquet")
+    write_parquet(to_trl(val), out / "trl_val.parquet")
+
+
+def _weights(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        out[key.strip()] = float(value)
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.data.prepare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=TASK_NAMES, required=True)
+    p.add_argument("--sample", action="store_true", help="use the shipped sample (all 3 sources)")
+    p.add_argument("--source", action="append", default=[],
+                   help="FORMAT=PATH, FORMAT in amazon|news|reddit (news=Q.json:OUT.json)")
+    p.add_argument("--baselines", type=Path, help="JSONL {user_id, method, output}")
+    p.add_argument("--rules", type=Path, help="JSONL {user_id, rules}")
+    p.add_argument("--constraints", type=Path, help="JSONL {user_id, answer, preference}")
+    p.add_argument("--variant", choices=[v.value for v in ParlVariant], default="A")
+    p.add_argument("--reward-kind", choices=PERSONALIZED_KINDS, default="rubric_score")
+    p.add_argument("--weights", help="rubric_score=0.5,nli_constraints=0.5 (weighted kind)")
+    p.add_argument("--aggregate", choices=[a.value for a in RubricAggregate])
+    p.add_argument("--history-limit", type=int, default=10)
+    p.add_argument("--val-size", type=int, default=0, help="last N users of each source")
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        groups: list[list[UserRecord]] = []
+        if args.sample:
+            groups.append(sample_records(history_limit=args.history_limit))
+        for spec in args.source:
+            groups.append(attach(load_source(spec, history_limit=args.history_limit),
+                                 baselines=args.baselines, rules=args.rules,
+                                 constraints=args.constraints))
+        if not groups:
+            raise ValueError("no data: pass --sample or at least one --source FORMAT=PATH")
+        train, val = [], []
+        for g in groups:
+            cut = len(g) - args.val_size if args.val_size else len(g)
+            train += g[:cut]
+            val += g[cut:]
+        opts: dict[str, Any] = {
+            "variant": ParlVariant(args.variant), "reward_kind": args.reward_kind,
+            "weights": _weights(args.weights), "history_limit": args.history_limit,
+            "aggregate": RubricAggregate(args.aggregate) if args.aggregate else None,
+        }
+        rows, val_rows = build_rows(train, args.task, **opts), build_rows(val, args.task, **opts)
+        write_all(rows, val_rows, args.out)
+    except (DataFormatError, ValueError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    logger.info("wrote %d train / %d val rows for %s to %s", len(rows), len(val_rows) or
+                min(8, len(rows)), args.task, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

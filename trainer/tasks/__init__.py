@@ -1,0 +1,11 @@
+"""Training tasks: how a user record becomes a prompt, and what the reward needs (extra_info).
+
+``rubric_generator``: the policy writes a rubric from the user's history; PARL-0/A/B reward.
+``personalized_generator``: the policy writes the user's text for a new context; rubric score
+under the user's induced rules, NLICV constraints, or a weighted mix.
+:mod:`trainer.tasks.specs` turns an ``extra_info`` dict back into a reward-server item.
+"""
+
+from trainer.tasks.common import TASK_NAMES, build_row
+
+__all__ = ["TASK_NAMES", "build_row"]
