@@ -15,7 +15,9 @@ class RubricSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     template_version: str = Field("parl-v1", description="Prompt template family version.")
-    threshold: float = Field(0.5, ge=0.0, le=1.0, description="A rule is satisfied iff p_yes > threshold.")
+    threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="A rule is satisfied iff p_yes > threshold."
+    )
     history_limit: int = Field(10, ge=1, description="Only the last N history items are used.")
     reward_lambda: float = Field(10.0, gt=0.0, description="lambda in R = 0.1 + lambda*C*...")
     margin_k: float = Field(20.0, gt=0.0, description="k in Gamma = prod_b sigmoid(k * Delta_b).")
@@ -42,5 +44,7 @@ class RubricSettings(BaseModel):
     )
     induction_samples: int = Field(5, ge=1, description="k generator samples for InduceRubrics.")
     generation_max_new_tokens: int = Field(1024, ge=1, description="Generator budget per sample.")
-    generation_temperature: float = Field(0.6, ge=0.0, description="Generator sampling temperature.")
+    generation_temperature: float = Field(
+        0.6, ge=0.0, description="Generator sampling temperature."
+    )
     generation_top_p: float = Field(0.95, gt=0.0, le=1.0, description="Generator nucleus top_p.")

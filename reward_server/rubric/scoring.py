@@ -1,0 +1,157 @@
+"""Judge-backed science: rubric scores, validation and PARL rewards (METHODS §1.2-§1.4)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from reward_server.backends.base import JudgeEngine, JudgePrompt
+from reward_server.domain import (
+    HistoryItem,
+    ParlRewardSpec,
+    RewardOutcome,
+    RubricAggregate,
+    RubricScoreSpec,
+    Task,
+)
+from reward_server.errors import BackendUnavailable, InvalidRequest
+from reward_server.rubric import formulas
+from reward_server.rubric.parsing import parse_rubric_output
+from reward_server.rubric.settings import RubricSettings
+from reward_server.rubric.templates import check_version, judge_prompts
+
+logger = logging.getLogger(__name__)
+
+
+async def judge_batch(judge: JudgeEngine, prompts: Sequence[JudgePrompt]) -> list[float]:
+    """One batched judge call, checked: one probability in [0, 1] per prompt."""
+    if not prompts:
+        return []
+    out = await judge.p_yes(prompts)
+    if len(out) != len(prompts):
+        raise BackendUnavailable(
+            f"judge {judge.model_id} returned {len(out)} scores for {len(prompts)} prompts"
+        )
+    for p in out:
+        if not 0.0 <= p <= 1.0:  # also rejects NaN
+            raise BackendUnavailable(f"judge {judge.model_id} returned p_yes={p!r} outside [0, 1]")
+    return [float(p) for p in out]
+
+
+async def score_rubric(
+    judge: JudgeEngine, spec: RubricScoreSpec, settings: RubricSettings
+) -> RewardOutcome:
+    """Score a personalized generator's text under its user's rules (one judge call)."""
+    check_version(settings)
+    if not spec.rules:
+        raise InvalidRequest("rubric_score needs at least one rule")
+    p = await judge_batch(judge, judge_prompts(spec.context, spec.text, spec.rules, spec.task))
+    mean_p = formulas.rubric_score(p)
+    frac = sum(1 for x in p if x > settings.threshold) / len(p)
+    all_ok = 1.0 if frac == 1.0 else 0.0
+    aggregate = spec.aggregate or settings.default_aggregate
+    reward = {
+        RubricAggregate.MEAN_P_YES: mean_p,
+        RubricAggregate.FRACTION_SATISFIED: frac,
+        RubricAggregate.ALL_SATISFIED: all_ok,
+    }[aggregate]
+    components: dict[str, float] = {
+        "mean_p_yes": mean_p,
+        "fraction_satisfied": frac,
+        "all_satisfied": all_ok,
+        "n_rules": float(len(p)),
+    }
+    components.update({f"p_yes.{i}": x for i, x in enumerate(p)})
+    return RewardOutcome(reward=reward, components=components)
+
+
+def _validation_prompts(
+    rules: Sequence[str], history: Sequence[HistoryItem], task: Task
+) -> list[JudgePrompt]:
+    # Item-major order: all rules of one text are adjacent (one shared prefix per text).
+    return [p for h in history for p in judge_prompts(h.context, h.text, rules, task)]
+
+
+async def validate_rule_sets(
+    judge: JudgeEngine,
+    rule_sets: Sequence[Sequence[str]],
+    history: Sequence[HistoryItem],
+    task: Task,
+    settings: RubricSettings,
+) -> list[tuple[str, ...]]:
+    """Keep, per rule set, the rules with p_yes > threshold on EVERY history item.
+
+    All judgments of all sets go to the judge in one batched call; with
+    ``validation_early_exit`` the history is judged one item per round and a rule stops being
+    judged once it fails.
+    """
+    if not history:
+        raise InvalidRequest("validating rules needs at least one history item")
+    alive = [[True] * len(rules) for rules in rule_sets]
+    rounds = [[h] for h in history] if settings.validation_early_exit else [list(history)]
+    for items in rounds:
+        index: list[tuple[int, int]] = []
+        prompts: list[JudgePrompt] = []
+        for h in items:
+            for s, rules in enumerate(rule_sets):
+                todo = [j for j, ok in enumerate(alive[s]) if ok]
+                index.extend((s, j) for j in todo)
+                prompts.extend(judge_prompts(h.context, h.text, [rules[j] for j in todo], task))
+        if not prompts:
+            break
+        for (s, j), p in zip(index, await judge_batch(judge, prompts), strict=True):
+            if not p > settings.threshold:
+                alive[s][j] = False
+    return [
+        tuple(r for r, ok in zip(rules, alive[s], strict=True) if ok)
+        for s, rules in enumerate(rule_sets)
+    ]
+
+
+async def parl_reward(
+    judge: JudgeEngine, spec: ParlRewardSpec, settings: RubricSettings
+) -> RewardOutcome:
+    """PARL-0/A/B reward of one rubric-generator rollout (METHODS §1.3-§1.4)."""
+    check_version(settings)
+    parsed = parse_rubric_output(spec.policy_output, settings, mode="training")
+    counts = {"n_parsed": float(parsed.n_parsed), "n_length_ok": float(parsed.n_length_ok)}
+    if parsed.invalid_reason is not None:
+        return RewardOutcome(
+            reward=settings.invalid_floor,
+            components={**counts, "n_valid": 0.0, "floor_applied": 1.0},
+            policy_invalid=parsed.invalid_reason,
+        )
+    history = spec.history[-settings.history_limit :]
+    (valid,) = await validate_rule_sets(judge, [parsed.rules], history, spec.task, settings)
+    counts["n_valid"] = float(len(valid))
+    if not settings.min_rules <= len(valid) <= settings.max_rules:
+        return RewardOutcome(
+            reward=settings.format_floor, components={**counts, "floor_applied": 1.0}
+        )
+    texts = [spec.target.text, *spec.baselines]
+    prompts = [p for t in texts for p in judge_prompts(spec.target.context, t, valid, spec.task)]
+    p = await judge_batch(judge, prompts)
+    n = len(valid)
+    scores = [formulas.rubric_score(p[i * n : (i + 1) * n]) for i in range(len(texts))]
+    s_target, s_base = scores[0], scores[1:]
+    deltas = [s_target - b for b in s_base]
+    gamma = formulas.margin_product(deltas, settings.margin_k)
+    card = formulas.cardinality(n, settings.cardinality)
+    reward = formulas.parl_value(
+        spec.variant,
+        base=settings.format_floor,
+        lam=settings.reward_lambda,
+        card=card,
+        s_target=s_target,
+        gamma=gamma,
+    )
+    components: dict[str, float] = {
+        "s_target": s_target,
+        **{f"s_baseline.{i}": b for i, b in enumerate(s_base)},
+        **{f"delta.{i}": d for i, d in enumerate(deltas)},
+        "gamma": gamma,
+        "cardinality": card,
+        **counts,
+        "floor_applied": 0.0,
+    }
+    return RewardOutcome(reward=reward, components=components)

@@ -1,0 +1,81 @@
+"""Golden cases for the generator-output parser (METHODS §1.1, §1.3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reward_server.rubric import RubricSettings, parse_rubric_output
+from reward_server.rubric.parsing import strip_wrapping
+
+S = RubricSettings()
+R = "The review opens with a one-line verdict."
+R2 = "Sentences are short and use exclamation marks."
+
+
+def arr(*rules: object) -> str:
+    return json.dumps([{"rule": r} for r in rules])
+
+
+def test_plain_array() -> None:
+    p = parse_rubric_output(arr(R, R2), S, mode="training")
+    assert p.rules == (R, R2) and p.n_parsed == 2 and p.invalid_reason is None
+
+
+def test_think_block_stripped_through_last_close() -> None:
+    raw = '<think>[{"rule": "bait"}]</think> more </think>\n' + arr(R, R2)
+    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+
+
+@pytest.mark.parametrize("fence", ["```json\n{}\n```", "```\n{}\n```", "  ```JSON\n{}```  "])
+def test_one_code_fence_tolerated(fence: str) -> None:
+    raw = fence.replace("{}", arr(R, R2))
+    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+
+
+def test_prose_around_array_is_not_repaired() -> None:
+    p = parse_rubric_output("Here are the rules: " + arr(R, R2), S, mode="training")
+    assert p.invalid_reason is not None and "not valid JSON" in p.invalid_reason
+    assert strip_wrapping("```json\n[1]\n``` trailing") == "```json\n[1]\n``` trailing"
+
+
+def test_extra_keys_ignored_and_whitespace_trimmed() -> None:
+    raw = json.dumps([{"rule": f"  {R} ", "dimension": "style"}, {"rule": R2, "id": 2}])
+    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (json.dumps([{"rule": R}, {"rule": ["a list"]}]), 'element 1: "rule" is a list'),
+        (json.dumps([{"rule": R}, {"rule": None}]), 'element 1: "rule" is a NoneType'),
+        (json.dumps([{"rule": R}, 5]), "element 1 is a JSON int"),
+        (json.dumps({"rules": [R, R2]}), "JSON dict, expected an array"),
+        (arr(R), "holds 1 elements"),
+        (arr(*[R] * 11), "holds 11 elements"),
+        ("[", "not valid JSON"),
+        ("<think>no answer</think>", "empty output"),
+    ],
+)
+def test_training_rejections(raw: str, reason: str) -> None:
+    p = parse_rubric_output(raw, S, mode="training")
+    assert p.rules == () and p.invalid_reason is not None and reason in p.invalid_reason
+
+
+def test_length_filter_bounds_inclusive() -> None:
+    exactly_20 = "x" * 20
+    exactly_400 = "y" * 400
+    raw = arr("x" * 19, exactly_20, exactly_400, "z" * 401)
+    p = parse_rubric_output(raw, S, mode="training")
+    assert p.rules == (exactly_20, exactly_400) and p.n_parsed == 4 and p.n_length_ok == 2
+
+
+def test_inference_mode_no_length_filter_no_cap() -> None:
+    raw = arr("short", *[R] * 11, "   ")
+    p = parse_rubric_output(raw, S, mode="inference")
+    assert p.invalid_reason is None and p.n_parsed == 13
+    assert p.rules == ("short", *[R] * 11)  # the blank rule is dropped
+    one = parse_rubric_output(arr(R), S, mode="inference")
+    assert one.rules == (R,)
+    assert parse_rubric_output("[]", S, mode="inference").rules == ()

@@ -1,0 +1,129 @@
+"""score_rubric aggregates, prompt templates and induction tie-breaking on FakeJudge."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reward_server.backends.fake import FakeJudge
+from reward_server.domain import HistoryItem, RubricAggregate, RubricScoreSpec, Task
+from reward_server.errors import ConfigError
+from reward_server.rubric import RubricSettings, induce_rubrics, score_rubric, template_versions
+from reward_server.rubric.templates import generator_request, judge_prompt
+
+RA = 'The text uses the word "alpha".'
+RB = 'The text uses the word "beta".'
+RC = 'The text uses both "alpha" and "zeta".'  # 0.5 on "alpha beta": not satisfied
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "expected"),
+    [
+        (None, (0.98 + 0.98 + 0.5) / 3),  # server default: mean p_yes
+        (RubricAggregate.MEAN_P_YES, (0.98 + 0.98 + 0.5) / 3),
+        (RubricAggregate.FRACTION_SATISFIED, 2 / 3),
+        (RubricAggregate.ALL_SATISFIED, 0.0),
+    ],
+)
+async def test_score_rubric_aggregates(aggregate: RubricAggregate | None, expected: float) -> None:
+    judge = FakeJudge()
+    spec = RubricScoreSpec("ctx", "alpha beta", (RA, RB, RC), Task.NEWS, aggregate)
+    out = await score_rubric(judge, spec, RubricSettings())
+    assert out.reward == pytest.approx(expected)
+    c = out.components
+    assert c["n_rules"] == 3 and c["all_satisfied"] == 0.0
+    assert c["fraction_satisfied"] == pytest.approx(2 / 3)
+    assert [c["p_yes.0"], c["p_yes.1"], c["p_yes.2"]] == pytest.approx([0.98, 0.98, 0.5])
+    assert judge.batch_sizes == [3]
+
+
+async def test_score_rubric_all_satisfied_one() -> None:
+    spec = RubricScoreSpec("", "alpha beta", (RA, RB), aggregate=RubricAggregate.ALL_SATISFIED)
+    out = await score_rubric(FakeJudge(), spec, RubricSettings())
+    assert out.reward == 1.0 and out.policy_invalid is None
+
+
+async def test_threshold_setting_applies() -> None:
+    spec = RubricScoreSpec("", "alpha", (RC,), aggregate=RubricAggregate.FRACTION_SATISFIED)
+    out = await score_rubric(FakeJudge(), spec, RubricSettings(threshold=0.4))
+    assert out.reward == 1.0
+
+
+def test_judge_prompt_text_before_rule_and_prefix_shared() -> None:
+    a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS)
+    b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS)
+    assert a.system == b.system and a.prefix == b.prefix and a.suffix != b.suffix
+    assert a.prefix.rstrip().endswith("Rain again")
+    assert "Article" in a.prefix and "Headline" in a.prefix and RA in a.suffix
+    assert (a.context, a.text, a.rule) == ("An article about rain.", "Rain again", RA)
+    assert "yes or no" in a.suffix and "yes or no" in a.system
+    for task in Task:
+        assert judge_prompt("c", "t", RA, task).prefix.index("c") < judge_prompt("c", "t", RA, task).prefix.rindex("t")
+
+
+def test_generator_prompt_and_versions() -> None:
+    s = RubricSettings()
+    req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, s, seed=7)
+    assert "great product" in req.user and '"rule"' in req.user and "10" in req.user
+    assert req.seed == 7 and req.temperature == 0.6 and req.top_p == 0.95
+    assert template_versions(s) == {"rubric.judge": "parl-v1", "rubric.generator": "parl-v1"}
+    with pytest.raises(ConfigError):
+        template_versions(RubricSettings(template_version="parl-v999"))
+
+
+HISTORY = (HistoryItem("c1", "alpha beta gamma"), HistoryItem("c2", "alpha beta"))
+
+
+def out(*rules: str) -> str:
+    return json.dumps([{"rule": r} for r in rules])
+
+
+async def test_induction_keeps_most_survivors_earliest_on_ties() -> None:
+    scripted = [
+        out(RA, 'Uses "gamma".'),  # 1 survivor (gamma fails item 2); short rule kept (inference)
+        out(RA, RB),  # 2 survivors
+        out(RB, RA, 'Has "delta".'),  # 2 survivors (tie: the earlier attempt wins)
+        "garbage",  # invalid
+    ]
+    judge = FakeJudge(scripted=scripted)
+    res = await induce_rubrics(judge, history=HISTORY, task=Task.REDDIT, settings=RubricSettings(), num_samples=4)
+    assert res.best_attempt == 1 and res.rules == (RA, RB) and res.covered
+    assert [len(a.valid_rules) for a in res.attempts] == [1, 2, 2, 0]
+    assert res.attempts[0].parsed_rules == (RA, 'Uses "gamma".')
+    assert res.attempts[3].invalid_reason is not None
+    assert judge.batch_sizes == [2 * (2 + 2 + 3)]  # every attempt validated in ONE call
+
+    # seeds seed+i pick scripted[(seed + i) % 4]: seed=2 -> attempts 2, 3, 0, 1 -> best is 0
+    res = await induce_rubrics(
+        FakeJudge(scripted=scripted),
+        history=HISTORY,
+        task=Task.REDDIT,
+        settings=RubricSettings(),
+        num_samples=4,
+        seed=2,
+    )
+    assert res.best_attempt == 0 and res.rules == (RB, RA)
+
+
+async def test_induction_no_cap_and_uncovered() -> None:
+    eleven = out(*[f'Mentions "alpha" number {i}.' for i in range(11)])
+    res = await induce_rubrics(
+        FakeJudge(scripted=[eleven]), history=HISTORY, task=Task.GENERIC, settings=RubricSettings(), num_samples=1
+    )
+    assert len(res.rules) == 11  # no cap at inference
+    res = await induce_rubrics(
+        FakeJudge(scripted=[out('Has "zeta".'), "[]"]),
+        history=HISTORY,
+        task=Task.GENERIC,
+        settings=RubricSettings(induction_samples=2),
+    )
+    assert len(res.attempts) == 2  # default k from settings
+    assert res.best_attempt == -1 and res.rules == () and not res.covered
+
+
+async def test_induction_default_generator_end_to_end() -> None:
+    # Unscripted FakeJudge writes 'The text uses the word "w".' over frequent prompt words.
+    history = (HistoryItem("", "wonderful blender works wonderful"), HistoryItem("", "wonderful toaster works"))
+    res = await induce_rubrics(FakeJudge(), history=history, task=Task.AMAZON, settings=RubricSettings(), num_samples=2)
+    assert res.covered and all("wonderful" in r or "works" in r for r in res.rules)
