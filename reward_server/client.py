@@ -75,7 +75,7 @@ class AsyncRewardClient:
             self._channel = grpc.aio.secure_channel(target, creds, options=options)
         else:
             self._channel = grpc.aio.insecure_channel(target, options=options)
-        self._stub = pb_grpc.RewardServiceStub(self._channel)
+        self._stub = pb_grpc.RewardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.target = target
         self.timeout_s = timeout_s
@@ -93,7 +93,7 @@ class AsyncRewardClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(grace=None)
 
     async def _call(
         self, method: str, fn: Callable[..., Awaitable[T]], request: Any, timeout_s: float | None
@@ -164,7 +164,7 @@ class AsyncRewardClient:
         return convert.info_from_proto(reply)
 
     async def health(self, service: str = "", *, timeout_s: float = 5.0) -> str:
-        """The grpc.health.v1 status name (SERVING, NOT_SERVING, ...); needs grpcio-health-checking."""
+        """grpc.health.v1 status name (SERVING, NOT_SERVING, ...); needs grpcio-health-checking."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         stub = health_pb2_grpc.HealthStub(self._channel)

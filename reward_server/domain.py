@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Union
 
 
 class Task(str, enum.Enum):
@@ -104,7 +103,7 @@ class NliConstraintsSpec:
     reward_function: NliRewardFunction | None = None  # None: server default
 
 
-LeafSpec = Union[RubricScoreSpec, ParlRewardSpec, NliConstraintsSpec]
+LeafSpec = RubricScoreSpec | ParlRewardSpec | NliConstraintsSpec
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class WeightedSpec:
     parts: tuple[WeightedPart, ...]
 
 
-ItemSpec = Union[RubricScoreSpec, ParlRewardSpec, NliConstraintsSpec, WeightedSpec]
+ItemSpec = RubricScoreSpec | ParlRewardSpec | NliConstraintsSpec | WeightedSpec
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from reward_server import API_VERSION, __version__, nli, rubric
 from reward_server import domain as d
@@ -25,6 +26,11 @@ class _PolicyInvalid(Exception):
     """The policy's own output is unusable (empty or too long): a penalty, not an error."""
 
 
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 class RewardService:
     """The four API operations over a judge engine and an NLI engine."""
 
@@ -37,8 +43,11 @@ class RewardService:
     async def score(self, items: Sequence[d.ScoreItem]) -> list[d.ItemResult]:
         """One result per item, in order. Raises InvalidRequest for a malformed request."""
         self._validate_batch(items)
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self._score_item(item)) for item in items]
+        try:
+            async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch
+                tasks = [tg.create_task(self._score_item(item)) for item in items]
+        except BaseExceptionGroup as group:
+            raise _first_leaf(group) from None
         return [t.result() for t in tasks]
 
     def _validate_batch(self, items: Sequence[d.ScoreItem]) -> None:
@@ -237,5 +246,5 @@ class RewardService:
 
     async def close(self) -> None:
         await self.judge.close()
-        if self.nli is not self.judge:
+        if cast(object, self.nli) is not self.judge:
             await self.nli.close()

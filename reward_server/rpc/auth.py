@@ -12,7 +12,7 @@ import grpc
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor[Any, Any]):
     """Rejects calls whose ``authorization`` metadata is not ``Bearer <token>``."""
 
     def __init__(self, token: str) -> None:
@@ -22,9 +22,9 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         method = handler_call_details.method or ""
         if method.startswith(OPEN_METHOD_PREFIXES):
             return await continuation(handler_call_details)

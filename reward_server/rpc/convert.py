@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import InvalidRequest
+
+V = TypeVar("V")
 
 _TASK = {
     pb.TASK_UNSPECIFIED: d.Task.GENERIC,
@@ -49,7 +52,7 @@ _STATUS_OUT = {d.ItemStatus.OK: pb.ITEM_STATUS_OK, d.ItemStatus.POLICY_INVALID: 
 STATUS_IN = {v: k for k, v in _STATUS_OUT.items()}
 
 
-def _enum(table: dict[int, object], value: int, where: str, name: str) -> object:
+def _enum(table: Mapping[Any, V], value: int, where: str, name: str) -> V:
     try:
         return table[value]
     except KeyError:
@@ -57,7 +60,7 @@ def _enum(table: dict[int, object], value: int, where: str, name: str) -> object
 
 
 def _task(value: int, where: str) -> d.Task:
-    return _enum(_TASK, value, f"{where}.task", "Task")  # type: ignore[return-value]
+    return _enum(_TASK, value, f"{where}.task", "Task")
 
 
 def history_from_proto(items: Sequence[pb.HistoryItem]) -> tuple[d.HistoryItem, ...]:
@@ -76,7 +79,7 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
             text=r.text,
             rules=tuple(r.rules),
             task=_task(r.task, f"{where}.rubric_score"),
-            aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),  # type: ignore[arg-type]
+            aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),
         )
     if kind == "parl_reward":
         p = msg.parl_reward
@@ -90,14 +93,14 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
             policy_output=p.policy_output,
             target=d.HistoryItem(context=p.target.context, text=p.target.text),
             baselines=tuple(p.baselines),
-            variant=variant,  # type: ignore[arg-type]
+            variant=variant,
             task=_task(p.task, f"{where}.parl_reward"),
         )
     if kind == "nli_constraints":
         n = msg.nli_constraints
         fn = _enum(_NLI_FN, n.reward_function, f"{where}.nli_constraints.reward_function", "NliRewardFunction")
         return d.NliConstraintsSpec(
-            response=n.response, answer=n.answer, preference=n.preference, reward_function=fn  # type: ignore[arg-type]
+            response=n.response, answer=n.answer, preference=n.preference, reward_function=fn
         )
     raise InvalidRequest(
         f"{where}: no reward kind set; set one of rubric_score, parl_reward, nli_constraints"

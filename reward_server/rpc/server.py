@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -92,7 +93,7 @@ def create_server(
 ) -> tuple[RewardGrpcServer, int]:
     """Build the server and bind its port (``server.port=0`` picks a free one); not started."""
     s = config.server
-    interceptors: list[grpc.aio.ServerInterceptor] = []
+    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
     if s.auth_token is not None:
         interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))
     options = [
@@ -105,7 +106,7 @@ def create_server(
         options=options,
         maximum_concurrent_rpcs=s.max_concurrent_rpcs,
     )
-    pb_grpc.add_RewardServiceServicer_to_server(
+    pb_grpc.add_RewardServiceServicer_to_server(  # type: ignore[no-untyped-call]
         RewardServicer(service, default_timeout_s=s.default_timeout_s), server
     )
     health = HealthServicer()

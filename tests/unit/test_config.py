@@ -1,4 +1,5 @@
 import pytest
+from pydantic import ValidationError
 
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
@@ -49,7 +50,7 @@ def test_invalid_values_name_the_field(overrides, needle) -> None:
 
 def test_config_is_frozen() -> None:
     c = RewardServerConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         c.server.port = 1  # type: ignore[misc]
 
 

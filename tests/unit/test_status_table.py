@@ -1,4 +1,3 @@
-import asyncio
 import inspect
 
 import grpc
@@ -26,7 +25,7 @@ def test_codes() -> None:
     assert status_for(errors.Overloaded("x")) is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert status_for(errors.BackendUnavailable("x")) is grpc.StatusCode.UNAVAILABLE
     assert status_for(errors.DeadlineExceeded("x")) is grpc.StatusCode.DEADLINE_EXCEEDED
-    assert status_for(asyncio.TimeoutError()) is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status_for(TimeoutError()) is grpc.StatusCode.DEADLINE_EXCEEDED
     assert status_for(KeyError("boom")) is grpc.StatusCode.INTERNAL
 
 
@@ -42,4 +41,4 @@ def test_messages() -> None:
         "items[0].text: must not be empty"
     )
     assert "see the server log" in message_for(ValueError("oops"))
-    assert "deadline" in message_for(asyncio.TimeoutError())
+    assert "deadline" in message_for(TimeoutError())

@@ -1,0 +1,133 @@
+"""Every RPC and reward kind through a real server and the real client, on the fake engines."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from reward_server import domain as d
+from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
+
+HISTORY = (
+    d.HistoryItem("Article about mornings", "My coffee every morning is sacred."),
+    d.HistoryItem("Article about work", "Before work: coffee, then the morning news."),
+)
+RULES = ['The text mentions "coffee".', 'The text mentions "morning".', 'The text mentions "tea".']
+TARGET = d.HistoryItem("Article about weekends", "Weekend morning, slow coffee.")
+BASELINES = ("A cup of coffee is nice.", "Weekends are for sleeping in.")
+
+
+def parl(output: str, variant: d.ParlVariant = d.ParlVariant.PARL_A) -> d.ParlRewardSpec:
+    return d.ParlRewardSpec(
+        history=HISTORY, policy_output=output, target=TARGET, baselines=BASELINES, variant=variant
+    )
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+async def test_score_every_kind(fake_server) -> None:
+    rubric = d.RubricScoreSpec(context="c", text="Coffee in the morning.", rules=tuple(RULES))
+    nli = d.NliConstraintsSpec(
+        response="Paris is the capital. Museums are great.",
+        answer="Paris capital",
+        preference="museums",
+    )
+    items = [
+        d.ScoreItem("rubric", rubric),
+        d.ScoreItem("parl", parl(json.dumps([{"rule": r} for r in RULES]))),
+        d.ScoreItem("nli", nli),
+        d.ScoreItem("mix", d.WeightedSpec((d.WeightedPart(1.0, rubric), d.WeightedPart(3.0, nli)))),
+    ]
+    async with fake_server.client() as c:
+        results = await c.score(items)
+    assert [r.item_id for r in results] == ["rubric", "parl", "nli", "mix"]
+    assert all(r.status is d.ItemStatus.OK for r in results)
+    by = {r.item_id: r for r in results}
+    # FakeJudge: 0.98 if the quoted word is in the text else 0.02 -> mean of (0.98, 0.98, 0.02)
+    assert by["rubric"].reward == pytest.approx((0.98 + 0.98 + 0.02) / 3)
+    # PARL-A: "tea" fails validation; survivors coffee, morning. S_T = 0.98; baseline 0 has
+    # coffee only (0.5), baseline 1 has neither (0.02). C = min(1, 2/2) = 1.
+    s_t, s_b = 0.98, (0.5, 0.02)
+    gamma = sigmoid(20 * (s_t - s_b[0])) * sigmoid(20 * (s_t - s_b[1]))
+    assert by["parl"].reward == pytest.approx(0.1 + 10 * 1.0 * s_t * gamma)
+    # FakeNLI: both hypotheses' content words are in the response -> personalization -> 1.0
+    assert by["nli"].reward == pytest.approx(1.0)
+    assert by["mix"].reward == pytest.approx((by["rubric"].reward + 3 * 1.0) / 4)
+    assert by["mix"].components["part1.weight"] == 3.0
+    assert all(r.timings_ms["total"] >= 0 for r in results)
+
+
+async def test_policy_invalid_fails_only_that_item(fake_server) -> None:
+    items = [
+        d.ScoreItem("good", parl(json.dumps([{"rule": r} for r in RULES]))),
+        d.ScoreItem("garbage", parl("I refuse to write JSON")),
+        d.ScoreItem("empty", d.RubricScoreSpec(context="c", text="  ", rules=tuple(RULES))),
+        d.ScoreItem("long", d.NliConstraintsSpec(response="x" * 2001, answer="a", preference="p")),
+    ]
+    async with fake_server.client() as c:
+        results = await c.score(items)
+    status = {r.item_id: r.status for r in results}
+    assert status == {
+        "good": d.ItemStatus.OK,
+        "garbage": d.ItemStatus.POLICY_INVALID,
+        "empty": d.ItemStatus.POLICY_INVALID,
+        "long": d.ItemStatus.POLICY_INVALID,
+    }
+    by = {r.item_id: r for r in results}
+    assert by["garbage"].reward == 0.0 and by["garbage"].message
+    assert "empty" in by["empty"].message
+    assert "2001 characters" in by["long"].message
+    assert by["good"].reward is not None and by["good"].reward > 1.0
+
+
+async def test_induce_verify_info(fake_server) -> None:
+    async with fake_server.client() as c:
+        ind = await c.induce_rubrics(HISTORY, num_samples=2, seed=0)
+        ver = await c.verify(
+            response="Paris is the capital. Museums are great.",
+            answer="Paris capital",
+            preference="museums",
+            evidence=True,
+        )
+        info = await c.info()
+    assert len(ind.attempts) == 2
+    assert 0 <= ind.best_attempt < 2 and ind.covered
+    # FakeJudge writes 'The text uses the word "w".' rules; only words in every history text survive
+    for rule in ind.rules:
+        word = rule.split('"')[1]
+        assert all(word in h.text.lower() for h in HISTORY)
+    assert ver.regime is d.Regime.PERSONALIZATION
+    assert {e.constraint for e in ver.evidence} == {"correct", "aligned"}
+    assert info.api_version == "reward.v1"
+    assert (info.judge_model, info.nli_model) == ("fake-judge", "fake-nli")
+    assert info.settings["rubric.margin_k"] == "20.0"
+    assert info.template_versions
+
+
+async def test_reflection_lists_the_service(fake_server) -> None:
+    async with grpc.aio.insecure_channel(fake_server.target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        call = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = []
+        async for reply in call:
+            names += [s.name for s in reply.list_services_response.service]
+    assert "reward.v1.RewardService" in names
+    assert "grpc.health.v1.Health" in names
+
+
+async def test_raw_stub_and_health(fake_server) -> None:
+    async with grpc.aio.insecure_channel(fake_server.target) as ch:
+        reply = await pb_grpc.RewardServiceStub(ch).Info(pb.InfoRequest())
+    assert reply.api_version == "reward.v1"
+    async with fake_server.client() as c:
+        assert await c.health() == "SERVING"
+        assert await c.health("reward.v1.RewardService") == "SERVING"

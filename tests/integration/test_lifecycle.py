@@ -1,0 +1,87 @@
+"""Drain, health transitions, and the client's bounded retry against a server failing on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+import pytest
+
+from reward_server import domain as d
+from reward_server.backends.base import GenerationRequest, JudgePrompt
+from reward_server.backends.fake import FakeJudge
+from reward_server.client import RewardCallError
+from reward_server.errors import BackendUnavailable, Overloaded
+
+from .conftest import running_server
+
+ITEM = d.ScoreItem("a", d.RubricScoreSpec("c", "coffee time", ('The text mentions "coffee".',)))
+
+
+class FailingJudge(FakeJudge):
+    """A real judge engine that raises ``error`` on its first ``failures`` calls."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        super().__init__()
+        self.failures = failures
+        self.error = error
+        self.calls = 0
+
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return await super().p_yes(prompts)
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        return await super().generate(requests)
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [(BackendUnavailable("judge restarting"), grpc.StatusCode.UNAVAILABLE),
+     (Overloaded("queue full"), grpc.StatusCode.RESOURCE_EXHAUSTED)],
+)
+async def test_client_retries_retryable_codes_within_budget(error, code) -> None:
+    judge = FailingJudge(failures=2, error=error)
+    async with running_server(judge=judge) as r:
+        async with r.client(max_retries=3, backoff_base_s=0.01, seed=1) as c:
+            assert (await c.score([ITEM]))[0].status is d.ItemStatus.OK
+            assert c.retries_made == 2
+        judge.calls, judge.failures = 0, 100
+        async with r.client(max_retries=2, backoff_base_s=0.01) as c:
+            with pytest.raises(RewardCallError) as e:
+                await c.score([ITEM])
+        assert e.value.code is code and e.value.attempts == 3
+        assert judge.calls == 3  # budget honoured: 1 try + 2 retries
+
+
+async def test_client_does_not_retry_other_codes() -> None:
+    judge = FailingJudge(failures=100, error=RuntimeError("bug in engine"))
+    async with running_server(judge=judge) as r, r.client(max_retries=5) as c:
+        with pytest.raises(RewardCallError) as e:
+            await c.score([ITEM])
+        assert e.value.code is grpc.StatusCode.INTERNAL and e.value.attempts == 1
+        assert "RuntimeError" in e.value.details
+        assert judge.calls == 1
+        with pytest.raises(RewardCallError) as e:
+            await c.score([])
+        assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT and e.value.attempts == 1
+
+
+async def test_drain_reports_not_serving_and_finishes_in_flight_calls() -> None:
+    async with running_server(judge=FakeJudge(latency_s=0.8)) as r:
+        async with r.client() as c, r.client() as probe:
+            assert await probe.health() == "SERVING"
+            in_flight = asyncio.create_task(c.score([ITEM]))
+            await asyncio.sleep(0.2)
+            drain = asyncio.create_task(r.server.stop(grace=5.0, drain_delay=0.4))
+            await asyncio.sleep(0.1)
+            assert await probe.health() == "NOT_SERVING"
+            results = await in_flight
+            assert results[0].status is d.ItemStatus.OK  # completed, not cut off
+            await drain
+            with pytest.raises(RewardCallError) as e:
+                await probe.health(timeout_s=1.0)
+            assert e.value.code is grpc.StatusCode.UNAVAILABLE
