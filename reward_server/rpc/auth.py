@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:  # the runtime class is not generic
+    _Interceptor = grpc.aio.ServerInterceptor
 
 # Probes and tooling stay reachable without a token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor[Any, Any]):
+class BearerTokenInterceptor(_Interceptor):
     """Rejects calls whose ``authorization`` metadata is not ``Bearer <token>``."""
 
     def __init__(self, token: str) -> None:
