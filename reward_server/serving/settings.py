@@ -1,10 +1,139 @@
-"""Where the engines run: in the server process, or as Ray Serve deployments."""
+"""Where the engines run: in the server process, or as Ray Serve deployments.
+
+With ``mode: ray`` each engine kind is one Ray Serve application holding one deployment
+(``<app_prefix>-judge`` and ``<app_prefix>-nli``); every replica owns one engine built by
+:mod:`reward_server.backends.factory`. The fields below become the deployment options
+(``autoscaling_config``, ``max_ongoing_requests``, ``max_queued_requests``, ``ray_actor_options``)
+and the replica's ``user_config`` (batching knobs, changeable at runtime through ``reconfigure``).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class DeploymentSettings(BaseModel):
+    """One Ray Serve deployment (judge or NLI): replicas, resources, batching, backpressure."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_replicas: int = Field(1, ge=0, description="Autoscaling floor (0 allows scale to zero).")
+    max_replicas: int = Field(
+        1, ge=1, description="Autoscaling ceiling; Ray's autoscaler adds nodes when replicas "
+        "do not fit (GPU worker groups in deploy/ray_cluster.yaml)."
+    )
+    initial_replicas: int | None = Field(
+        None, ge=0, description="Replicas started at deploy time; None: min_replicas."
+    )
+    target_ongoing_requests: float = Field(
+        8.0, gt=0.0, description="Autoscaling target of calls in flight or queued per replica. "
+        "Keep it a few times the calls that fill one batch so batches stay full."
+    )
+    upscale_delay_s: float = Field(
+        10.0, ge=0.0, description="Load must stay above target this long before scaling up."
+    )
+    downscale_delay_s: float = Field(
+        120.0, ge=0.0, description="Load must stay below target this long before scaling down."
+    )
+    look_back_period_s: float = Field(
+        10.0, gt=0.0, description="Window over which Serve averages the ongoing-request metric."
+    )
+    num_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved per replica (0 or fractions "
+                            "let several replicas share a small machine).")
+    num_gpus: float = Field(
+        0.0, ge=0.0, description="GPUs per replica; fractions pack small models on one GPU."
+    )
+    max_ongoing_requests: int = Field(
+        256, ge=1, description="Calls one replica accepts at once. Far above Serve's default 5 so "
+        "@serve.batch sees enough concurrent calls to fill a batch."
+    )
+    max_queued_requests: int = Field(
+        2048, ge=1, description="Calls each caller (handle) queues when every replica is full; "
+        "beyond it calls fail at once with Overloaded (gRPC RESOURCE_EXHAUSTED)."
+    )
+    max_batch_size: int = Field(
+        64, ge=1, description="Most items (prompts or pairs, summed over the calls that form "
+        "the batch) one engine call receives. Runtime knob (reconfigure)."
+    )
+    batch_wait_timeout_s: float = Field(
+        0.01, ge=0.0, description="How long a replica waits for more calls before running a "
+        "batch that is not full. Runtime knob (reconfigure)."
+    )
+    max_items_per_call: int | None = Field(
+        None, ge=1, description="The caller splits bigger calls into pieces of this many items "
+        "(sent concurrently, so they spread over replicas); None: max_batch_size."
+    )
+    unhealthy_after_failures: int = Field(
+        5, ge=1, description="Consecutive failed engine batches after which the replica reports "
+        "unhealthy and Serve replaces it."
+    )
+    health_check_period_s: float = Field(10.0, gt=0.0, description="Serve health check period.")
+    health_check_timeout_s: float = Field(30.0, gt=0.0, description="Serve health check timeout.")
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0.0, description="How long a stopping replica may finish in-flight batches."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DeploymentSettings:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) < min_replicas ({self.min_replicas}); "
+                "raise max_replicas"
+            )
+        if self.initial_replicas is not None and not (
+            self.min_replicas <= self.initial_replicas <= self.max_replicas
+        ):
+            raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
+        return self
+
+    @property
+    def items_per_call(self) -> int:
+        return self.max_items_per_call or self.max_batch_size
+
+    def user_config(self) -> dict[str, Any]:
+        """The runtime knobs a replica's ``reconfigure`` receives."""
+        return {
+            "max_batch_size": self.max_batch_size,
+            "batch_wait_timeout_s": self.batch_wait_timeout_s,
+            "unhealthy_after_failures": self.unhealthy_after_failures,
+        }
+
+    def autoscaling_config(self) -> dict[str, Any]:
+        """Ray Serve ``autoscaling_config`` (validated by Ray's own AutoscalingConfig)."""
+        cfg: dict[str, Any] = {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+            "look_back_period_s": self.look_back_period_s,
+        }
+        if self.initial_replicas is not None:
+            cfg["initial_replicas"] = self.initial_replicas
+        return cfg
+
+    def deployment_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``Deployment.options`` (same keys as a Serve config file)."""
+        return {
+            "autoscaling_config": self.autoscaling_config(),
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+            "health_check_period_s": self.health_check_period_s,
+            "health_check_timeout_s": self.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "user_config": self.user_config(),
+        }
+
+
+def _judge_default() -> DeploymentSettings:
+    return DeploymentSettings.model_validate({})
+
+
+def _nli_default() -> DeploymentSettings:
+    return DeploymentSettings.model_validate({"max_batch_size": 128})
 
 
 class ServingSettings(BaseModel):
@@ -20,3 +149,44 @@ class ServingSettings(BaseModel):
     ray_address: str | None = Field(
         None, description="Join this Ray cluster (also RAY_ADDRESS); None starts a local Ray."
     )
+    namespace: str = Field("reward_server", description="Ray namespace the ingress joins.")
+    app_prefix: str = Field(
+        "reward", description="Serve application names: <app_prefix>-judge, <app_prefix>-nli."
+    )
+    deploy: bool = Field(
+        True, description="True: deploy (or update) the applications with serve.run. False: "
+        "attach to applications already running (deployed by deploy/serve_config.yaml or a "
+        "KubeRay RayService) — what the 2nd..Nth ingress copies do."
+    )
+    local_num_cpus: int | None = Field(
+        None, ge=1, description="Embedded local Ray only: CPUs it may use; None: all."
+    )
+    local_num_gpus: int | None = Field(
+        None, ge=0, description="Embedded local Ray only: GPUs it may use; None: all visible."
+    )
+    call_timeout_s: float = Field(
+        300.0, gt=0.0, description="Longest one engine call through a handle may take before "
+        "it fails with BackendUnavailable."
+    )
+    max_retries: int = Field(
+        1, ge=0, le=3, description="Times a call whose replica died is resent (Serve routes it "
+        "to a live replica); then BackendUnavailable."
+    )
+    ready_timeout_s: float = Field(
+        600.0, gt=0.0, description="How long start-up waits for the applications to be RUNNING "
+        "(model loading included)."
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus metrics of this process (calls, "
+        "items, latencies, queue depth) on this port; 0 picks one; None: off."
+    )
+    judge: DeploymentSettings = Field(
+        default_factory=_judge_default, description="The judge (rubric evaluator) deployment."
+    )
+    nli: DeploymentSettings = Field(
+        default_factory=_nli_default, description="The NLI verifier deployment (not deployed "
+        "when nli_engine.kind=judge: judge-as-NLI then calls the judge deployment)."
+    )
+
+    def app_name(self, kind: Literal["judge", "nli"]) -> str:
+        return f"{self.app_prefix}-{kind}"

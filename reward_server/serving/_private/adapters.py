@@ -1,0 +1,224 @@
+"""JudgeEngine / NLIEngine implementations that call Ray Serve deployment handles.
+
+The service layer sees ordinary engines; Ray stays behind this module. Per call:
+
+- a big call is split into pieces of ``items_per_call`` sent concurrently (they spread over
+  replicas and join their batches); results are joined back in input order;
+- Serve's ``BackPressureError`` (the handle's queue is past ``max_queued_requests``) becomes
+  :class:`Overloaded` at once, never retried here (the client backs off);
+- a replica that dies mid-call (``ActorDiedError`` and kin) is retried ``max_retries`` times
+  (Serve routes the retry to a live replica), then :class:`BackendUnavailable`; so is a call
+  that runs past ``call_timeout_s``;
+- an error the engine raised comes back as that error (not wrapped in Ray's RayTaskError);
+- a piece answered with the wrong number of results fails; results are never shifted onto
+  other items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+from ray.serve.handle import DeploymentHandle
+
+from reward_server.backends.base import GenerationRequest, JudgePrompt, NLIPair, NLIScore
+from reward_server.errors import BackendUnavailable, Overloaded, RewardServerError
+from reward_server.serving import metrics
+
+logger = logging.getLogger(__name__)
+
+_REPLICA_GONE = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
+_TOKEN_CACHE = 65_536
+
+
+class HandleCaller:
+    """Calls one method family of one deployment with the policy in the module doc."""
+
+    def __init__(
+        self,
+        handle: DeploymentHandle[Any],
+        *,
+        deployment: str,
+        items_per_call: int,
+        timeout_s: float,
+        max_retries: int,
+    ) -> None:
+        self.handle = handle
+        self._deployment = deployment
+        self._items_per_call = items_per_call
+        self._timeout_s = timeout_s
+        self._max_retries = max_retries
+
+    async def call(self, method: str, items: Sequence[Any]) -> list[Any]:
+        if not items:
+            return []
+        step = self._items_per_call
+        pieces = [list(items[i : i + step]) for i in range(0, len(items), step)]
+        if len(pieces) == 1:
+            return await self._call_piece(method, pieces[0])
+        results = await asyncio.gather(*(self._call_piece(method, p) for p in pieces))
+        return [r for part in results for r in part]
+
+    async def _call_piece(self, method: str, piece: list[Any]) -> list[Any]:
+        attempt = 0
+        while True:
+            start = time.monotonic()
+            try:
+                with metrics.track_in_flight(self._deployment):
+                    out = await self._once(method, piece)
+            except BackPressureError as e:
+                metrics.observe_engine_call(self._deployment, method, "overloaded", 0.0)
+                raise Overloaded(
+                    f"the {self._deployment} deployment's queue is full ({e}); retry with "
+                    f"backoff, or raise serving.{self._deployment}.max_replicas / "
+                    "max_queued_requests"
+                ) from None
+            except _REPLICA_GONE as e:
+                if attempt < self._max_retries:
+                    attempt += 1
+                    metrics.observe_engine_call(self._deployment, method, "retried", 0.0)
+                    logger.warning(
+                        "%s.%s: replica lost mid-call (%s); retrying on another replica "
+                        "(%d/%d)", self._deployment, method, type(e).__name__, attempt,
+                        self._max_retries,
+                    )
+                    continue
+                metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
+                raise BackendUnavailable(
+                    f"the {self._deployment} replica serving {len(piece)} items died and "
+                    f"{self._max_retries} retries did not find a live one; check the replicas "
+                    "(serve status) and the node's memory"
+                ) from e
+            except DeploymentUnavailableError as e:
+                metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
+                raise BackendUnavailable(
+                    f"the {self._deployment} deployment failed to deploy: {e.message}"
+                ) from e
+            except TimeoutError:
+                metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
+                raise BackendUnavailable(
+                    f"the {self._deployment} deployment did not answer {len(piece)} items "
+                    f"within serving.call_timeout_s={self._timeout_s}s"
+                ) from None
+            except RayTaskError as e:
+                metrics.observe_engine_call(self._deployment, method, "error", 0.0)
+                cause = e.cause
+                if isinstance(cause, RewardServerError):
+                    raise type(cause)(str(cause)) from e
+                if isinstance(cause, BaseException):
+                    raise cause from e
+                raise
+            metrics.observe_engine_call(
+                self._deployment, method, "ok", time.monotonic() - start
+            )
+            if not isinstance(out, list) or len(out) != len(piece):
+                n = len(out) if isinstance(out, list) else type(out).__name__
+                raise BackendUnavailable(
+                    f"the {self._deployment} deployment answered {n} results for "
+                    f"{len(piece)} items; refusing to guess which result is whose"
+                )
+            return out
+
+    async def _once(self, method: str, piece: list[Any]) -> Any:
+        response = getattr(self.handle, method).remote(piece)
+        try:
+            return await asyncio.wait_for(_await(response), self._timeout_s)
+        except TimeoutError:
+            response.cancel()
+            raise
+
+
+async def _await(response: Any) -> Any:
+    return await response
+
+
+class RayJudge:
+    """A :class:`JudgeEngine` whose work runs on the judge deployment's replicas."""
+
+    def __init__(self, caller: HandleCaller, *, model_id: str) -> None:
+        self._caller = caller
+        self._model_id = model_id
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def handle(self) -> DeploymentHandle[Any]:
+        return self._caller.handle
+
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        return await self._caller.call("p_yes", prompts)
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        return await self._caller.call("generate", requests)
+
+    async def close(self) -> None:
+        """Nothing to free here; the deployment's lifetime belongs to RayEngines.shutdown."""
+        return None
+
+
+class RayNLI:
+    """An :class:`NLIEngine` whose work runs on the NLI deployment's replicas.
+
+    ``token_counts`` is synchronous in the protocol; it asks a replica (the tokenizer lives
+    there) from a helper thread and caches each text's count, so repeated texts cost nothing.
+    """
+
+    def __init__(
+        self, caller: HandleCaller, *, model_id: str, max_length: int, timeout_s: float
+    ) -> None:
+        self._caller = caller
+        self._model_id = model_id
+        self._max_length = max_length
+        self._timeout_s = timeout_s
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli-token-counts")
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def handle(self) -> DeploymentHandle[Any]:
+        return self._caller.handle
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self._counts))
+        if missing:
+            counts = self._pool.submit(self._remote_counts, missing).result()
+            for text, n in zip(missing, counts, strict=True):
+                self._counts[text] = n
+            while len(self._counts) > _TOKEN_CACHE:
+                self._counts.popitem(last=False)
+        return [self._counts[t] for t in texts]
+
+    def _remote_counts(self, texts: list[str]) -> list[int]:
+        try:
+            out = self._caller.handle.token_counts.remote(texts).result(
+                timeout_s=self._timeout_s
+            )
+        except _REPLICA_GONE as e:
+            raise BackendUnavailable(f"the NLI replica died while counting tokens: {e}") from e
+        return list(out)
+
+    async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
+        return await self._caller.call("entailment", pairs)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -1,0 +1,72 @@
+"""Engines as Ray Serve deployments on the session's local Ray, with fake engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from reward_server.backends.base import JudgeEngine, NLIEngine
+from reward_server.backends.fake import FakeJudge, FakeNLI
+from reward_server.config import (
+    JudgeBackendSettings,
+    NLIBackendSettings,
+    RewardServerConfig,
+    load_config,
+)
+
+
+def serving_config(prefix: str, overrides: Sequence[str] = ()) -> RewardServerConfig:
+    """ray mode, fake engines, replicas that take no CPU (2-core CI), short autoscaling delays."""
+    base = [
+        "serving.mode=ray",
+        f"serving.app_prefix={prefix}",
+        "serving.call_timeout_s=60",
+        "serving.ready_timeout_s=120",
+    ]
+    for kind in ("judge", "nli"):
+        base += [
+            f"serving.{kind}.num_cpus=0",
+            f"serving.{kind}.upscale_delay_s=0.5",
+            f"serving.{kind}.downscale_delay_s=2",
+            f"serving.{kind}.look_back_period_s=1",
+            f"serving.{kind}.health_check_period_s=2",
+        ]
+    return load_config(overrides=[*base, *overrides], env={})
+
+
+def fake_judge_factory(
+    *, latency_s: float = 0.0, n_scripted: int = 0
+) -> Callable[[JudgeBackendSettings], JudgeEngine]:
+    """A replica-side factory: FakeJudge with latency; ``generate`` with seed i answers
+    ``out-i`` (i < n_scripted), so every answer names the request it belongs to."""
+    scripted = [f"out-{i}" for i in range(n_scripted)] or None
+
+    def make(settings: JudgeBackendSettings) -> JudgeEngine:  # a closure: pickled by value
+        return FakeJudge(scripted=scripted, latency_s=latency_s, model_id=f"fake:{settings.model}")
+
+    return make
+
+
+def fake_nli_factory(*, latency_s: float = 0.0) -> Callable[[NLIBackendSettings], NLIEngine]:
+    def make(settings: NLIBackendSettings) -> NLIEngine:
+        return FakeNLI(max_length=settings.max_length, latency_s=latency_s)
+
+    return make
+
+
+def all_sizes(stats: dict[str, dict[str, Any]], method: str) -> list[int]:
+    return [n for s in stats.values() for n in s["batch_sizes"].get(method, [])]
+
+
+@pytest.fixture(scope="session")
+def kit() -> SimpleNamespace:
+    """The helpers above, for test modules (conftest modules are not importable)."""
+    return SimpleNamespace(
+        config=serving_config,
+        judge_factory=fake_judge_factory,
+        nli_factory=fake_nli_factory,
+        all_sizes=all_sizes,
+    )

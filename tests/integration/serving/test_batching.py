@@ -1,0 +1,113 @@
+"""Many concurrent small calls through the Ray adapters are re-batched by the replicas, and
+every result comes back to its own item."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from reward_server.backends.base import (
+    GenerationRequest,
+    JudgeEngine,
+    JudgePrompt,
+    NLIEngine,
+    NLIPair,
+)
+from reward_server.serving import RayEngines, start_engines
+
+pytestmark = pytest.mark.slow
+
+TERMS = " ".join(f'"k{j}"' for j in range(10))  # ten quoted key terms k0..k9
+
+
+def prompt(i: int) -> JudgePrompt:
+    covered = i % 11  # the text holds k0..k{covered-1}: p_yes = 0.02 + 0.96 * covered / 10
+    text = " ".join([f"k{j}" for j in range(covered)] + [f"filler{i}"])
+    return JudgePrompt(system="", prefix="", suffix="", context="", text=text, rule=TERMS)
+
+
+def expected_p(i: int) -> float:
+    return 0.02 + 0.96 * (i % 11) / 10
+
+
+@pytest.fixture(scope="module")
+def engines(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
+    config = kit.config(
+        "t-batch",
+        [
+            "serving.judge.max_batch_size=32",
+            "serving.judge.batch_wait_timeout_s=0.02",
+            "serving.judge.max_items_per_call=64",
+            "serving.nli.max_batch_size=32",
+            "serving.nli.batch_wait_timeout_s=0.02",
+        ],
+    )
+    eng = start_engines(
+        config,
+        judge_factory=kit.judge_factory(latency_s=0.05, n_scripted=200),
+        nli_factory=kit.nli_factory(latency_s=0.05),
+    )
+    yield eng
+    eng.shutdown()
+
+
+def test_adapters_implement_the_engine_protocols(engines: RayEngines) -> None:
+    assert isinstance(engines.judge, JudgeEngine)
+    assert isinstance(engines.nli, NLIEngine)
+    assert engines.judge.model_id == "fake:HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert engines.nli.model_id == "fake-nli"
+    assert engines.nli.max_length == 512
+    assert engines.nli.token_counts(["one two three", "four", "one two three"]) == [3, 1, 3]
+
+
+async def test_concurrent_single_item_calls_are_served_in_batches(
+    engines: RayEngines, kit: Any
+) -> None:
+    before = sum(kit.all_sizes(await engines.batch_stats("judge"), "p_yes"))
+    results = await asyncio.gather(*(engines.judge.p_yes([prompt(i)]) for i in range(200)))
+    for i, r in enumerate(results):
+        assert r == [pytest.approx(expected_p(i))], i
+    sizes = kit.all_sizes(await engines.batch_stats("judge"), "p_yes")
+    assert sum(sizes) - before == 200  # every item ran in exactly one engine batch
+    assert max(sizes) > 1
+    assert max(sizes) <= 32
+    # 200 calls, 50 ms engine latency: batching must have cut the engine calls a lot
+    assert len(sizes) <= 100
+
+
+async def test_a_big_call_is_split_and_joined_back_in_order(engines: RayEngines) -> None:
+    scores = await engines.judge.p_yes([prompt(i) for i in range(300)])
+    assert scores == [pytest.approx(expected_p(i)) for i in range(300)]
+
+
+async def test_every_generation_comes_back_to_its_own_request(engines: RayEngines) -> None:
+    reqs = [GenerationRequest(system="", user="u", seed=i) for i in range(150)]
+    outs = await asyncio.gather(*(engines.judge.generate([r]) for r in reqs))
+    assert outs == [[f"out-{i}"] for i in range(150)]
+    mixed = await engines.judge.generate(reqs[::-1])
+    assert mixed == [f"out-{i}" for i in range(149, -1, -1)]
+
+
+async def test_nli_single_pair_calls_are_batched_and_matched(
+    engines: RayEngines, kit: Any
+) -> None:
+    def pair(i: int) -> NLIPair:  # even: hypothesis inside premise (0.98); odd: not (0.02)
+        hyp = f"apple{i}" if i % 2 == 0 else f"cherry{i}"
+        return NLIPair(premise=f"apple{i} banana{i}.", hypothesis=f"{hyp}.")
+
+    results = await asyncio.gather(*(engines.nli.entailment([pair(i)]) for i in range(120)))
+    for i, r in enumerate(results):
+        assert len(r) == 1
+        assert r[0].entailment == (0.98 if i % 2 == 0 else 0.02), i
+        assert r[0].truncated is False
+    sizes = kit.all_sizes(await engines.batch_stats("nli"), "entailment")
+    assert sum(sizes) == 120
+    assert max(sizes) > 1
+
+
+async def test_empty_calls_do_not_reach_the_replicas(engines: RayEngines) -> None:
+    assert await engines.judge.p_yes([]) == []
+    assert await engines.nli.entailment([]) == []
