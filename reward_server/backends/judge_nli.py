@@ -1,0 +1,69 @@
+"""Judge-as-NLI: asks the judge LLM whether the premise entails the hypothesis.
+
+WEAKER than a trained NLI cross-encoder (NLICV Table 3: LLM judges reach 27-33% mean accuracy
+against 68% for DeBERTa-large, at hundreds of times the cost); for setups with no NLI checkpoint.
+S_ent is the judge's p_yes to "Does the premise entail the hypothesis?", with the premise in the
+text slot of the prompt (so its prefix is shared across hypotheses) and the hypothesis in the rule
+slot. Its ``model_id`` says so: ``judge-as-nli:<judge id>``. Nothing is truncated here (the judge
+engine owns its context window); token counts are whitespace words, an approximation used only
+by the sentence-window policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from reward_server.backends.base import JudgeEngine, JudgePrompt, NLIPair, NLIScore
+
+logger = logging.getLogger(__name__)
+
+SYSTEM = (
+    "You are a natural language inference judge. Decide whether the premise entails the "
+    "hypothesis: in every situation where the premise is true, the hypothesis is also true. "
+    "Answer only yes or no."
+)
+PREFIX = "Premise:\n{premise}\n\n"
+SUFFIX = "Hypothesis:\n{hypothesis}\n\nDoes the premise entail the hypothesis? Answer yes or no."
+
+
+def nli_prompt(pair: NLIPair) -> JudgePrompt:
+    """The yes/no judge prompt for one (premise, hypothesis) pair."""
+    return JudgePrompt(
+        system=SYSTEM,
+        prefix=PREFIX.format(premise=pair.premise),
+        suffix=SUFFIX.format(hypothesis=pair.hypothesis),
+        context="",
+        text=pair.premise,
+        rule=pair.hypothesis,
+    )
+
+
+class JudgeAsNLI:
+    """An :class:`NLIEngine` backed by a judge LLM's p_yes (weaker; see module doc)."""
+
+    def __init__(self, judge: JudgeEngine, *, max_length: int = 4096) -> None:
+        self._judge = judge
+        self._max_length = max_length
+        logger.warning("NLI engine is judge-as-NLI on %s: weaker than an NLI cross-encoder", judge.model_id)
+
+    @property
+    def model_id(self) -> str:
+        return f"judge-as-nli:{self._judge.model_id}"
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return [len(t.split()) for t in texts]
+
+    async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
+        if not pairs:
+            return []
+        p_yes = await self._judge.p_yes([nli_prompt(p) for p in pairs])
+        return [NLIScore(float(p)) for p in p_yes]
+
+    async def close(self) -> None:
+        """The judge is shared and owned by the caller; closing this engine leaves it open."""
+        return None
