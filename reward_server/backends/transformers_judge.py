@@ -1,0 +1,345 @@
+"""Judge engine on a transformers causal LM, with an explicit prefix KV cache.
+
+p_yes is exact: the next-token logits after the rendered chat prompt, folded over the tokens
+of the answer words (``yes``/``Yes``/`` yes``/`` Yes`` and the same for ``no``, where they are
+single tokens): ``l_yes = logsumexp(logits[yes ids])``, ``p_yes = sigmoid(l_yes - l_no)``.
+
+Prefix sharing: the chat-rendered prompt is split right after ``JudgePrompt.prefix`` (system
+message + context + text). Each distinct prefix is run once; its KV is kept in a bounded LRU
+(``prefix_cache_size``) so the rollouts of a GRPO group reuse it across calls, and all the
+rules' suffixes are run as one right-padded batch against a copy of that KV, reading the
+logits at each suffix's last real token. Prompts are always tokenized as
+``tokens(prefix) + tokens(suffix)``, so the shared and the unshared paths see the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from reward_server.backends.base import GenerationRequest, JudgePrompt
+from reward_server.errors import BackendUnavailable, ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+
+    from reward_server.config import JudgeBackendSettings
+
+logger = logging.getLogger(__name__)
+
+_PLACEHOLDER = "\ue000REWARD_SERVER_USER_TURN\ue001"
+
+
+@dataclass
+class JudgeStats:
+    """Work counters (for benchmarks and logs)."""
+
+    prefilled_tokens: int = 0  # tokens run through the model (prefixes + suffixes, unpadded)
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    forward_calls: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+def answer_token_ids(tokenizer: Any, word: str) -> list[int]:
+    """Single-token ids of ``word``, ``Word``, `` word``, `` Word`` (bare form required)."""
+    ids: list[int] = []
+    for variant in (word, word.capitalize(), " " + word, " " + word.capitalize()):
+        enc = tokenizer.encode(variant, add_special_tokens=False)
+        if len(enc) == 1:
+            if enc[0] not in ids:
+                ids.append(int(enc[0]))
+        elif variant == word:
+            raise ModelLoadError(
+                f"the judge tokenizer splits {word!r} into {len(enc)} tokens {enc}; p_yes needs "
+                "'yes' and 'no' to be single tokens: use another judge model"
+            )
+    return ids
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+class TransformersJudge:
+    """JudgeEngine on a local or HF-hub causal LM (see module doc)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_batch_size: int = 32,
+        prefix_cache_size: int = 64,
+        seed: int = 0,
+        model_id: str | None = None,
+    ) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as e:
+            raise ModelLoadError(
+                f"the transformers judge needs torch and transformers ({e}): pip install 'reward-server[server]'"
+            ) from e
+        self._device = resolve_device(device)
+        try:
+            self._tok: Any = AutoTokenizer.from_pretrained(model)
+            loaded: Any = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype, self._device))
+            self._model: Any = loaded.to(self._device)
+        except Exception as e:
+            raise ModelLoadError(f"could not load judge model {model!r}: {type(e).__name__}: {e}") from e
+        self._model.eval()
+        self._base = self._model.base_model
+        self._head = self._model.get_output_embeddings()
+        self._softcap = getattr(self._model.config, "final_logit_softcapping", None)
+        self._yes = torch.tensor(answer_token_ids(self._tok, "yes"), device=self._device)
+        self._no = torch.tensor(answer_token_ids(self._tok, "no"), device=self._device)
+        if set(self._yes.tolist()) & set(self._no.tolist()):
+            raise ModelLoadError("the judge tokenizer maps 'yes' and 'no' to a shared token")
+        self._pad = self._tok.pad_token_id
+        if self._pad is None:
+            self._pad = self._tok.eos_token_id if self._tok.eos_token_id is not None else 0
+        self._max_batch = max_batch_size
+        self._cache_size = prefix_cache_size
+        self._cache: OrderedDict[str, tuple[list[int], Any]] = OrderedDict()
+        self._templates: dict[str, tuple[str, str]] = {}
+        self._seed = seed
+        self._lock = threading.Lock()
+        self._model_id = model_id or model
+        self.stats = JudgeStats()
+        logger.info(
+            "transformers judge %s on %s: yes ids %s, no ids %s",
+            self._model_id,
+            self._device,
+            self._yes.tolist(),
+            self._no.tolist(),
+        )
+
+    @classmethod
+    def from_settings(cls, settings: JudgeBackendSettings) -> TransformersJudge:
+        model = settings.model
+        model_id = None
+        from reward_server.backends.smollm2 import LOCAL_MODEL_ALIAS, local_smollm2_path
+
+        if model == LOCAL_MODEL_ALIAS:
+            model, model_id = str(local_smollm2_path()), LOCAL_MODEL_ALIAS
+        return cls(
+            model,
+            device=settings.device,
+            dtype=settings.dtype,
+            max_batch_size=settings.max_batch_size,
+            prefix_cache_size=settings.prefix_cache_size,
+            seed=settings.seed,
+            model_id=model_id,
+        )
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
+
+    # ------------------------------------------------------------------ rendering
+    def _chat(self, system: str, user: str) -> str:
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        text: str = self._tok.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        return text
+
+    def render(self, prompt: JudgePrompt) -> tuple[str, str]:
+        """(prefix, suffix) strings of the chat-rendered prompt, split after ``prompt.prefix``."""
+        parts = self._templates.get(prompt.system)
+        if parts is None:
+            head, sep, tail = self._chat(prompt.system, _PLACEHOLDER).partition(_PLACEHOLDER)
+            if not sep:
+                raise ModelLoadError("the judge chat template drops the user message")
+            parts = (head, tail)
+            if self._chat(prompt.system, prompt.prefix + prompt.suffix) != (
+                head + prompt.prefix + prompt.suffix + tail
+            ):
+                raise ModelLoadError("the judge chat template rewrites the user message")
+            self._templates[prompt.system] = parts
+        return parts[0] + prompt.prefix, prompt.suffix + parts[1]
+
+    def _ids(self, text: str) -> list[int]:
+        ids: list[int] = self._tok(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    # ------------------------------------------------------------------ scoring
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        return await asyncio.to_thread(self.p_yes_sync, prompts)
+
+    def p_yes_sync(self, prompts: Sequence[JudgePrompt], *, share_prefix: bool = True) -> list[float]:
+        """Blocking p_yes; ``share_prefix=False`` runs each full prompt on its own (baseline)."""
+        import torch
+
+        with self._lock, torch.inference_mode():
+            try:
+                if share_prefix:
+                    return self._score_shared(prompts)
+                return self._score_full(prompts)
+            except (ModelLoadError, BackendUnavailable):
+                raise
+            except Exception as e:
+                raise BackendUnavailable(f"judge {self._model_id} failed: {type(e).__name__}: {e}") from e
+
+    def _p_from_hidden(self, hidden: torch.Tensor) -> list[float]:
+        import torch
+
+        logits = self._head(hidden).float()
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        l_yes = torch.logsumexp(logits[:, self._yes], dim=-1)
+        l_no = torch.logsumexp(logits[:, self._no], dim=-1)
+        out: list[float] = torch.sigmoid(l_yes - l_no).tolist()
+        return out
+
+    def _prefix_kv(self, prefix: str) -> tuple[list[int], Any]:
+        import torch
+
+        hit = self._cache.get(prefix)
+        if hit is not None:
+            self._cache.move_to_end(prefix)
+            self.stats.prefix_hits += 1
+            return hit
+        ids = self._ids(prefix)
+        out = self._base(input_ids=torch.tensor([ids], device=self._device), use_cache=True)
+        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        self.stats.prefix_misses += 1
+        self.stats.prefilled_tokens += len(ids)
+        self.stats.forward_calls += 1
+        entry = (ids, kv)
+        if self._cache_size > 0:
+            self._cache[prefix] = entry
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return entry
+
+    def _score_shared(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        import torch
+        from transformers import DynamicCache
+
+        groups: OrderedDict[str, list[tuple[int, list[int]]]] = OrderedDict()
+        for i, p in enumerate(prompts):
+            prefix, suffix = self.render(p)
+            groups.setdefault(prefix, []).append((i, self._ids(suffix)))
+        result = [0.0] * len(prompts)
+        for prefix, members in groups.items():
+            pids, kv = self._prefix_kv(prefix)
+            plen = len(pids)
+            members.sort(key=lambda m: len(m[1]))
+            for start in range(0, len(members), self._max_batch):
+                chunk = members[start : start + self._max_batch]
+                n = len(chunk)
+                lens = torch.tensor([len(s) for _, s in chunk], device=self._device)
+                width = int(lens.max())
+                ids = torch.full((n, width), self._pad, dtype=torch.long, device=self._device)
+                mask = torch.zeros((n, plen + width), dtype=torch.long, device=self._device)
+                mask[:, :plen] = 1
+                for row, (_, s) in enumerate(chunk):
+                    ids[row, : len(s)] = torch.tensor(s, device=self._device)
+                    mask[row, plen : plen + len(s)] = 1
+                # A fresh cache per batch: update() concatenates into new tensors, so the
+                # cached prefix KV is never written to.
+                cache = DynamicCache(
+                    ddp_cache_data=[(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv],
+                    config=self._model.config,
+                )
+                pos = torch.arange(plen, plen + width, device=self._device).expand(n, width)
+                out = self._base(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                hidden = out.last_hidden_state[torch.arange(n, device=self._device), lens - 1]
+                for (i, _), prob in zip(chunk, self._p_from_hidden(hidden), strict=True):
+                    result[i] = prob
+                self.stats.prefilled_tokens += int(lens.sum())
+                self.stats.forward_calls += 1
+        return result
+
+    def _score_full(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        import torch
+
+        seqs = []
+        for i, p in enumerate(prompts):
+            prefix, suffix = self.render(p)
+            seqs.append((i, self._ids(prefix) + self._ids(suffix)))
+        seqs.sort(key=lambda m: len(m[1]))
+        result = [0.0] * len(prompts)
+        for start in range(0, len(seqs), self._max_batch):
+            chunk = seqs[start : start + self._max_batch]
+            n = len(chunk)
+            lens = torch.tensor([len(s) for _, s in chunk], device=self._device)
+            width = int(lens.max())
+            ids = torch.full((n, width), self._pad, dtype=torch.long, device=self._device)
+            mask = torch.zeros((n, width), dtype=torch.long, device=self._device)
+            for row, (_, s) in enumerate(chunk):
+                ids[row, : len(s)] = torch.tensor(s, device=self._device)
+                mask[row, : len(s)] = 1
+            out = self._base(input_ids=ids, attention_mask=mask, use_cache=False)
+            hidden = out.last_hidden_state[torch.arange(n, device=self._device), lens - 1]
+            for (i, _), prob in zip(chunk, self._p_from_hidden(hidden), strict=True):
+                result[i] = prob
+            self.stats.prefilled_tokens += int(lens.sum())
+            self.stats.forward_calls += 1
+        return result
+
+    def clear_prefix_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        return await asyncio.to_thread(self.generate_sync, requests)
+
+    def generate_sync(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        import torch
+
+        outs: list[str] = []
+        with self._lock, torch.inference_mode():
+            for r in requests:
+                ids = torch.tensor([self._ids(self._chat(r.system, r.user))], device=self._device)
+                torch.manual_seed(self._seed if r.seed is None else r.seed)
+                sample = r.temperature > 0
+                try:
+                    gen = self._model.generate(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=r.max_new_tokens,
+                        do_sample=sample,
+                        temperature=r.temperature if sample else None,
+                        top_p=r.top_p if sample else None,
+                        top_k=None,
+                        pad_token_id=self._pad,
+                    )
+                except Exception as e:
+                    raise BackendUnavailable(f"generation on {self._model_id} failed: {type(e).__name__}: {e}") from e
+                outs.append(self._tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
+        return outs
+
+    async def close(self) -> None:
+        self.clear_prefix_cache()
