@@ -1,0 +1,78 @@
+"""Per-call latency of Score through gRPC (fake engines), against the in-process service call.
+
+    python bench/score_latency.py            # 1,000 calls each of 1 and 256 items
+    python bench/score_latency.py --calls 200
+
+Prints p50/p99 per call for (a) RewardService.score in-process (baseline) and (b) the same
+items through the real grpc.aio server and AsyncRewardClient on 127.0.0.1, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+from reward_server import domain as d
+from reward_server.backends.fake import FakeJudge, FakeNLI
+from reward_server.client import AsyncRewardClient
+from reward_server.config import load_config
+from reward_server.rpc.server import create_server
+from reward_server.service import RewardService
+
+
+def make_items(n: int) -> list[d.ScoreItem]:
+    items: list[d.ScoreItem] = []
+    for i in range(n):
+        if i % 2:
+            spec: d.ItemSpec = d.NliConstraintsSpec(
+                response=f"Paris is the capital of France. Item {i} likes museums.",
+                answer="Paris capital", preference="museums")
+        else:
+            spec = d.RubricScoreSpec(context="ctx", text=f"Morning coffee number {i}.",
+                                     rules=('Mentions "coffee".', 'Mentions "tea".'))
+        items.append(d.ScoreItem(f"i{i}", spec))
+    return items
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def measure(fn, items: list[d.ScoreItem], calls: int) -> list[float]:  # type: ignore[no-untyped-def]
+    for _ in range(min(20, calls)):  # warm-up
+        await fn(items)
+    out = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        await fn(items)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=1000)
+    args = ap.parse_args()
+    config = load_config(overrides=["server.port=0"], env={})
+    service = RewardService(config, judge=FakeJudge(), nli=FakeNLI())
+    server, port = create_server(config, service)
+    await server.start()
+    client = AsyncRewardClient(f"127.0.0.1:{port}")
+    print(f"{'items/call':>10} {'path':<22} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+    for n in (1, 256):
+        items = make_items(n)
+        base = await measure(service.score, items, args.calls)
+        grpc_ms = await measure(client.score, items, args.calls)
+        for name, xs in (("in-process (baseline)", base), ("gRPC client->server", grpc_ms)):
+            print(f"{n:>10} {name:<22} {pct(xs, .5):8.3f} {pct(xs, .99):8.3f} {statistics.mean(xs):8.3f}")
+        print(f"{n:>10} {'ratio gRPC/baseline':<22} {pct(grpc_ms, .5) / pct(base, .5):8.2f}x"
+              f" {pct(grpc_ms, .99) / pct(base, .99):7.2f}x")
+    await client.close()
+    await server.stop(grace=1, drain_delay=0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,93 @@
+"""The reward-server CLI as a user runs it: a real `serve` process, then the client verbs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "reward_server"]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def served() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--fake", "--port", "0", "--set", "server.drain_delay_s=0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"listening on ([\d.]+):(\d+)", line)
+    assert m, f"no listening line: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+    yield proc, f"{m.group(1)}:{m.group(2)}"
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_health_info_score(served, tmp_path) -> None:
+    _, target = served
+    assert run_cli("health", "--target", target).stdout.strip() == "SERVING"
+    info = json.loads(run_cli("info", "--target", target).stdout)
+    assert info["api_version"] == "reward.v1" and info["judge_model"] == "fake-judge"
+    items = tmp_path / "items.jsonl"
+    items.write_text(
+        json.dumps({"id": "a", "nli_constraints": {"response": "Paris is big.", "answer": "Paris",
+                                                   "preference": "big"}}) + "\n\n"
+        + json.dumps({"id": "b", "rubricScore": {"text": "coffee", "rules": ['Mentions "coffee".']}})
+        + "\n"
+    )
+    out = run_cli("score", "--target", target, "--input", str(items))
+    assert out.returncode == 0, out.stderr
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["id"] for r in results] == ["a", "b"]
+    assert results[0]["status"] == "ITEM_STATUS_OK" and results[0]["reward"] == 1.0
+    assert results[1]["reward"] == pytest.approx(0.98)
+
+
+def test_score_bad_lines_name_the_line(served, tmp_path) -> None:
+    _, target = served
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "nli_constraints": {"response": "r", "answer": "a", "preference": "p"}}\n'
+                   '{"id": "b", "nli_constraints": {"response": 3\n')
+    out = run_cli("score", "--target", target, "--input", str(bad))
+    assert out.returncode == 2 and f"{bad}:2:" in out.stderr
+    semantic = tmp_path / "semantic.jsonl"
+    semantic.write_text('{"id": "a", "nli_constraints": {"response": "r", "answer": "a", "preference": "p"}}\n'
+                        '{"id": "b", "nli_constraints": {"response": "r", "answer": "", "preference": "p"}}\n')
+    out = run_cli("score", "--target", target, "--input", str(semantic))
+    assert out.returncode == 1
+    assert f"{semantic}:2: INVALID_ARGUMENT" in out.stderr and "answer: must not be empty" in out.stderr
+
+
+def test_check_config(tmp_path) -> None:
+    good = tmp_path / "c.yaml"
+    good.write_text("server:\n  port: 6000\n")
+    out = run_cli("check-config", "--config", str(good))
+    assert out.returncode == 0 and json.loads(out.stdout)["server"]["port"] == 6000
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server:\n  prot: 6000\n")
+    out = run_cli("check-config", "--config", str(bad))
+    assert out.returncode == 2 and "server.prot" in out.stderr
+
+
+def test_sigterm_drains_and_exits_cleanly(served) -> None:
+    proc, target = served
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    assert proc.wait(timeout=30) == 0
+    assert time.monotonic() - start < 30
+    assert run_cli("health", "--target", target, "--timeout", "2").returncode != 0
