@@ -82,6 +82,21 @@ def _wait_running(app: str, timeout_s: float) -> None:
     )
 
 
+def _delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
+    """Delete Serve applications together (not one after the other) and wait until gone."""
+    if not names:
+        return
+    for name in names:
+        serve.delete(name, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        apps = serve.status().applications
+        if not any(n in apps and not str(apps[n].status).endswith("NOT_STARTED") for n in names):
+            return
+        time.sleep(0.1)
+    logger.warning("Serve applications %s not deleted after %.0fs", names, timeout_s)
+
+
 class RayEngines:
     """The engines as Ray Serve deployments, seen through JudgeEngine / NLIEngine adapters."""
 
@@ -154,8 +169,7 @@ class RayEngines:
             self.nli._pool.shutdown(wait=False)
         try:
             if not self._connected_ray:
-                for name in self._deployed:
-                    _blocking(lambda name=name: serve.delete(name))  # type: ignore[misc]
+                _blocking(lambda: _delete_apps(self._deployed))
             if self._owns_ray:
                 _blocking(serve.shutdown)
         finally:
@@ -257,8 +271,7 @@ def start_engines(
             )
     except BaseException:
         if not connected:
-            for name in deployed:
-                _blocking(lambda name=name: serve.delete(name))  # type: ignore[misc]
+            _blocking(lambda: _delete_apps(deployed))
         if owns_ray:
             _blocking(serve.shutdown)
             ray.shutdown()
