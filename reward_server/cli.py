@@ -46,7 +46,7 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()) -> RewardServerCo
 
 # ---------------------------------------------------------------------- serve
 async def _serve(config: RewardServerConfig) -> int:
-    from reward_server.backends.factory import build_judge, build_nli
+    from reward_server.backends.factory import build_judge, build_nli, coalesced
     from reward_server.rpc.server import create_server
     from reward_server.service import RewardService
 
@@ -59,6 +59,7 @@ async def _serve(config: RewardServerConfig) -> int:
     else:
         judge = build_judge(config.judge)
         nli = build_nli(config.nli_engine, judge=judge)
+        judge, nli = coalesced(judge, nli, config)
     service = RewardService(config, judge=judge, nli=nli)
     server, port = create_server(config, service)
     await server.start()

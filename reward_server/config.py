@@ -95,6 +95,15 @@ class JudgeBackendSettings(_Frozen):
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vllm only.")
     max_model_len: int | None = Field(None, ge=16, description="vllm: context length cap.")
     seed: int = Field(0, description="Base seed for sampled generation.")
+    coalesce_wait_ms: float = Field(
+        2.0,
+        ge=0.0,
+        description="In-process hosting: concurrent calls arriving within this window are merged "
+        "into one engine batch (0: off). Ray Serve hosting batches with @serve.batch instead.",
+    )
+    coalesce_max_items: int = Field(
+        512, ge=1, description="In-process hosting: most items one merged engine call may carry."
+    )
 
 
 class NLIBackendSettings(_Frozen):
@@ -115,6 +124,15 @@ class NLIBackendSettings(_Frozen):
     max_length: int = Field(512, ge=8, description="Most tokens per (premise, hypothesis) pair.")
     token_budget: int | None = Field(
         None, ge=16, description="Padded tokens per batch; None: small on CPU, large on GPU."
+    )
+    coalesce_wait_ms: float = Field(
+        2.0,
+        ge=0.0,
+        description="In-process hosting: concurrent calls arriving within this window are merged "
+        "into one engine batch (0: off). Ray Serve hosting batches with @serve.batch instead.",
+    )
+    coalesce_max_items: int = Field(
+        512, ge=1, description="In-process hosting: most items one merged engine call may carry."
     )
     quantize_int8: bool = Field(
         False, description="CPU only: int8 dynamic quantization of Linear layers (faster, "

@@ -6,7 +6,7 @@ import logging
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.fake import FakeJudge, FakeNLI
-from reward_server.config import JudgeBackendSettings, NLIBackendSettings
+from reward_server.config import JudgeBackendSettings, NLIBackendSettings, RewardServerConfig
 from reward_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -48,3 +48,17 @@ def build_nli(settings: NLIBackendSettings, *, judge: JudgeEngine | None = None)
 
         return JudgeAsNLI(judge, max_length=settings.max_length)
     raise ConfigError(f"nli_engine.kind={settings.kind!r} is unknown; use fake|transformers|judge")
+
+
+def coalesced(
+    judge: JudgeEngine, nli: NLIEngine, config: RewardServerConfig
+) -> tuple[JudgeEngine, NLIEngine]:
+    """Wrap in-process engines so concurrent calls merge into batches (coalesce_wait_ms > 0)."""
+    from reward_server.backends.batching import CoalescingJudge, CoalescingNLI
+
+    j, n = config.judge, config.nli_engine
+    if j.coalesce_wait_ms > 0:
+        judge = CoalescingJudge(judge, max_batch=j.coalesce_max_items, max_wait_s=j.coalesce_wait_ms / 1000)
+    if n.coalesce_wait_ms > 0:
+        nli = CoalescingNLI(nli, max_batch=n.coalesce_max_items, max_wait_s=n.coalesce_wait_ms / 1000)
+    return judge, nli
