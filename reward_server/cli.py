@@ -62,6 +62,10 @@ async def _serve(config: RewardServerConfig) -> int:
         judge, nli = coalesced(judge, nli, config)
     service = RewardService(config, judge=judge, nli=nli)
     server, port = create_server(config, service)
+    if config.server.metrics_port is not None:
+        from reward_server.serving.metrics import start_metrics_server
+
+        start_metrics_server(config.server.metrics_port, addr=config.server.host)
     await server.start()
     server.install_signal_handlers()
     logger.info("reward server %s listening on %s:%d (judge=%s, nli=%s, serving=%s)", __version__,

@@ -62,6 +62,9 @@ class ServerSettings(_Frozen):
     tls_cert_file: Path | None = Field(None, description="PEM certificate chain; enables TLS.")
     tls_key_file: Path | None = Field(None, description="PEM private key for tls_cert_file.")
     reflection: bool = Field(True, description="Serve gRPC server reflection (grpcurl).")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus /metrics on this port; None: off."
+    )
     policy_invalid_penalty: float = Field(
         0.0,
         description="Reward given to a malformed policy output (empty or over-long response) "

@@ -16,10 +16,20 @@ from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
 from reward_server.rpc import convert
 from reward_server.rpc.status import message_for, status_for
 from reward_server.service import RewardService
+from reward_server.serving import metrics
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _kind(spec: d.ItemSpec) -> str:
+    return {
+        d.RubricScoreSpec: "rubric_score",
+        d.ParlRewardSpec: "parl_reward",
+        d.NliConstraintsSpec: "nli_constraints",
+        d.WeightedSpec: "weighted",
+    }[type(spec)]
 
 
 class RewardServicer(pb_grpc.RewardServiceServicer):
@@ -33,10 +43,12 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         remaining = context.time_remaining()
         timeout = self._default_timeout_s if remaining is None else max(0.0, remaining)
         start = time.perf_counter()
+        code_name = "OK"
         try:
             return await asyncio.wait_for(work, timeout=timeout)
         except Exception as exc:  # mapped to a status below; never turned into a reward
             code = status_for(exc)
+            code_name = code.name
             if code is grpc.StatusCode.INTERNAL:
                 logger.exception("%s failed with an unexpected error", rpc)
             else:
@@ -44,12 +56,16 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
             await context.abort(code, message_for(exc))
             raise  # unreachable: abort raises
         finally:
-            logger.debug("%s took %.1f ms", rpc, (time.perf_counter() - start) * 1000)
+            seconds = time.perf_counter() - start
+            metrics.observe_call(rpc, code_name, seconds)
+            logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
     async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
         async def work() -> pb.ScoreResponse:
             items = [convert.item_from_proto(m, i) for i, m in enumerate(request.items)]
             results = await self._service.score(items)
+            for item, result in zip(items, results, strict=True):
+                metrics.observe_items(_kind(item.spec), result.status.value)
             return pb.ScoreResponse(results=[convert.result_to_proto(r) for r in results])
 
         return await self._run("Score", context, work())

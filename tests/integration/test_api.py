@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
+from reward_server.client import RewardCallError
 
 HISTORY = (
     d.HistoryItem("Article about mornings", "My coffee every morning is sacred."),
@@ -131,3 +132,22 @@ async def test_raw_stub_and_health(fake_server) -> None:
     async with fake_server.client() as c:
         assert await c.health() == "SERVING"
         assert await c.health("reward.v1.RewardService") == "SERVING"
+
+
+async def test_prometheus_counts_calls_and_items(fake_server) -> None:
+    from prometheus_client import REGISTRY
+
+    def value(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before_ok = value("reward_server_rpc_calls_total", {"rpc": "Score", "code": "OK"})
+    before_bad = value("reward_server_rpc_calls_total", {"rpc": "Score", "code": "INVALID_ARGUMENT"})
+    before_items = value("reward_server_items_total", {"kind": "parl_reward", "status": "policy_invalid"})
+    async with fake_server.client(max_retries=0) as c:
+        await c.score([d.ScoreItem("x", parl("not json"))])
+        with pytest.raises(RewardCallError):
+            await c.score([])
+    assert value("reward_server_rpc_calls_total", {"rpc": "Score", "code": "OK"}) == before_ok + 1
+    assert value("reward_server_rpc_calls_total", {"rpc": "Score", "code": "INVALID_ARGUMENT"}) == before_bad + 1
+    assert value("reward_server_items_total",
+                 {"kind": "parl_reward", "status": "policy_invalid"}) == before_items + 1
