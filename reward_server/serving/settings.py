@@ -38,7 +38,7 @@ class DeploymentSettings(BaseModel):
         120.0, ge=0.0, description="Load must stay below target this long before scaling down."
     )
     look_back_period_s: float = Field(
-        10.0, gt=0.0, description="Window over which Serve averages the ongoing-request metric."
+        30.0, gt=0.0, description="Window over which Serve averages the ongoing-request metric."
     )
     num_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved per replica (0 or fractions "
                             "let several replicas share a small machine).")
