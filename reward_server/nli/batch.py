@@ -31,9 +31,7 @@ class QueryScore:
     windowed: bool = False
 
 
-def pack_windows(
-    units: Sequence[str], counts: Sequence[int], budget: int
-) -> list[tuple[str, ...]]:
+def pack_windows(units: Sequence[str], counts: Sequence[int], budget: int) -> list[tuple[str, ...]]:
     """Greedy consecutive packing of ``units`` into windows of at most ``budget`` tokens.
 
     A unit longer than the budget gets a window of its own (the engine will truncate it).

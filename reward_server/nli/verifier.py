@@ -57,9 +57,7 @@ def regime_of(s_correct: float, s_aligned: float, tau: float) -> Regime:
     return Regime.FAILURE
 
 
-def reward_of(
-    function: NliRewardFunction, v: Verification, settings: NLISettings
-) -> float:
+def reward_of(function: NliRewardFunction, v: Verification, settings: NLISettings) -> float:
     """The ``nli_constraints`` reward of a verification under ``function``."""
     if function is NliRewardFunction.REGIME:
         return settings.regime_rewards[v.regime.value]

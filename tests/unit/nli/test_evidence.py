@@ -61,9 +61,7 @@ async def test_redundant_premise_algorithm1_vs_cumulative() -> None:
     assert a1.evidence[0].critical_premise == ()
     assert a1.evidence[0].pairs == ()
     nli_c = FakeNLI()
-    cu = await verify(
-        nli_c, **args, evidence=True, settings=NLISettings(evidence_mode="cumulative")
-    )
+    cu = await verify(nli_c, **args, evidence=True, settings=NLISettings(evidence_mode="cumulative"))
     assert cu.evidence[0].critical_premise == (1,)
     # Algorithm 2's guard: removing p1 alone still entails, so p1 pairs with nothing
     assert cu.evidence[0].pairs == ()

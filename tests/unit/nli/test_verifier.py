@@ -26,9 +26,7 @@ CASES = [  # (answer, preference, regime, S_c, S_a)
 
 
 @pytest.mark.parametrize(("answer", "preference", "regime", "s_c", "s_a"), CASES)
-async def test_regimes(
-    answer: str, preference: str, regime: Regime, s_c: float, s_a: float
-) -> None:
+async def test_regimes(answer: str, preference: str, regime: Regime, s_c: float, s_a: float) -> None:
     nli = FakeNLI()
     v = await verify(
         nli,
@@ -90,9 +88,7 @@ def test_threshold_is_strict() -> None:
 async def test_reward_functions(
     function: NliRewardFunction | None, answer: str, preference: str, expected: float
 ) -> None:
-    settings = NLISettings(
-        weight_correct=3.0, weight_aligned=1.0, default_reward_function=NliRewardFunction.PRODUCT
-    )
+    settings = NLISettings(weight_correct=3.0, weight_aligned=1.0, default_reward_function=NliRewardFunction.PRODUCT)
     spec = NliConstraintsSpec(RESPONSE, answer, preference, reward_function=function)
     out = await nli_constraints_reward(FakeNLI(), spec, settings)
     assert out.reward == pytest.approx(expected)
@@ -128,13 +124,9 @@ async def test_many_specs_one_engine_call_and_dedupe() -> None:
 async def test_input_predicates() -> None:
     s = NLISettings()
     nli = FakeNLI()
-    assert (
-        await interested(nli, profile="I love jazz records.", preference="jazz", settings=s) == 0.98
-    )
+    assert await interested(nli, profile="I love jazz records.", preference="jazz", settings=s) == 0.98
     assert await interested(nli, profile="I love jazz.", preference="opera", settings=s) == 0.02
-    assert (
-        await related(nli, query="Who wrote jazz standards?", preference="jazz", settings=s) == 0.98
-    )
+    assert await related(nli, query="Who wrote jazz standards?", preference="jazz", settings=s) == 0.98
     assert await related(nli, query="", preference="jazz", settings=s) == 0.0
 
 
