@@ -176,10 +176,6 @@ class ServingSettings(BaseModel):
         600.0, gt=0.0, description="How long start-up waits for the applications to be RUNNING "
         "(model loading included)."
     )
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Serve Prometheus metrics of this process (calls, "
-        "items, latencies, queue depth) on this port; 0 picks one; None: off."
-    )
     judge: DeploymentSettings = Field(
         default_factory=_judge_default, description="The judge (rubric evaluator) deployment."
     )
