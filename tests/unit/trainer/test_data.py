@@ -1,0 +1,144 @@
+"""Loaders on the shipped sample and on malformed records; prepared parquet round-trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reward_server.domain import ParlVariant, Task
+from trainer.data import loaders
+from trainer.data.prepare import SAMPLE_DIR, build_rows, main, sample_records, to_trl
+from trainer.data.records import DataFormatError
+
+
+def write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_sample_has_nine_users_across_three_tasks() -> None:
+    records = sample_records()
+    assert len(records) == 9
+    assert {r.task for r in records} == {Task.AMAZON, Task.NEWS, Task.REDDIT}
+    for r in records:
+        assert len(r.history) == 10
+        assert r.target.text.strip()
+        assert [m for m, _ in r.baselines] == ["Non", "RAG", "SFT", "GRPO", "SFT+GRPO"]
+        assert r.rules and r.answer and r.preference
+    assert sum(p.stat().st_size for p in SAMPLE_DIR.glob("*.jsonl")) < 300_000
+
+
+def test_amazon_loader_builds_context_from_the_four_fields() -> None:
+    (first, *_) = loaders.load_amazon(SAMPLE_DIR / "amazon.jsonl")
+    assert first.user_id == "amz_enthusiast"
+    assert first.history[0].context == (
+        "[Item Title]: Bamboo Cutting Board Set\n"
+        "[Item Description]: Three boards of organic bamboo with juice grooves.\n"
+        "[Review Rating]: 5\n[Review Title]: Love it!"
+    )
+    assert first.history[0].text.startswith("Honestly, this bamboo cutting board set")
+
+
+def test_lamp4_strips_the_instruction_and_reads_separate_golds(tmp_path: Path) -> None:
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{
+        "id": "310", "input": "Generate a headline for the following article: Rain fell.",
+        "profile": [{"text": "Sun shone.", "title": "Sunny day", "id": "1"}],
+    }]))
+    golds = tmp_path / "o.json"
+    golds.write_text(json.dumps({"task": "LaMP_4", "golds": [{"id": "310", "output": "Wet"}]}))
+    (rec,) = loaders.load_lamp4(questions, outputs=golds)
+    assert (rec.user_id, rec.task, rec.target.context, rec.target.text) == (
+        "310", Task.NEWS, "Rain fell.", "Wet")
+    assert rec.history[0].context == "Sun shone." and rec.history[0].text == "Sunny day"
+
+
+def test_longlamp_keeps_last_ten_history_items(tmp_path: Path) -> None:
+    profile = [{"summary": f"s{i}", "content": f"c{i}"} for i in range(14)]
+    path = write(tmp_path / "r.jsonl", [{"author": "u1", "input":
+                 "Generate the content for a reddit post using this summary: a trip",
+                 "output": "post", "profile": profile}])
+    (rec,) = loaders.load_longlamp(path)
+    assert rec.target.context == "a trip"
+    assert [h.text for h in rec.history] == [f"c{i}" for i in range(4, 14)]
+
+
+@pytest.mark.parametrize(
+    ("loader", "record", "line_field"),
+    [
+        (loaders.load_amazon, {"user_id": "u", "profile": [{"item_title": "t", "description": "d", "rating": 5,
+         "title": "x"}], "data": {}}, "profile[0].text"),
+        (loaders.load_amazon, {"user_id": "u", "profile": "oops", "data": {}}, "profile"),
+        (loaders.load_lamp4, {"id": "1", "input": "Generate a headline for the following "
+         "article: a", "profile": []}, "output"),
+        (loaders.load_longlamp, {"author": "u", "input": "x", "output": "",
+         "profile": []}, "output"),
+    ],
+)
+def test_malformed_record_names_file_line_and_field(tmp_path, loader, record, line_field) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n" + json.dumps(record) + "\n", encoding="utf-8")
+    with pytest.raises(DataFormatError) as err:
+        loader(path)
+    assert err.value.line == 2 and err.value.field == line_field
+    assert f"{path}:2" in str(err.value) and repr(line_field) in str(err.value)
+
+
+def test_invalid_json_line_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "b.jsonl"
+    path.write_text('{"user_id": "u", "method": "m", "output": "o"}\n{not json}\n')
+    with pytest.raises(DataFormatError, match=r"b\.jsonl:2: field '<json>'"):
+        loaders.load_baselines(path)
+
+
+def test_duplicate_baseline_method_is_rejected(tmp_path: Path) -> None:
+    row = {"user_id": "u", "method": "RAG", "output": "o"}
+    path = write(tmp_path / "b.jsonl", [row, row])
+    with pytest.raises(DataFormatError, match="already has a 'RAG' baseline"):
+        loaders.load_baselines(path)
+
+
+def test_parl_rows_have_verls_schema_and_round_trip(tmp_path: Path) -> None:
+    import datasets
+
+    assert main(["--sample", "--task", "rubric_generator", "--variant", "B",
+                 "--out", str(tmp_path)]) == 0
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "train.parquet"))["train"]
+    assert set(ds.column_names) == {"data_source", "prompt", "ability", "reward_model",
+                                    "extra_info"}
+    rows = build_rows(sample_records(), "rubric_generator", variant=ParlVariant.PARL_B)
+    for got, want in zip(ds, rows, strict=True):
+        assert got["prompt"] == want["prompt"]
+        assert got["reward_model"] == {"style": "model", "ground_truth": want["reward_model"][
+            "ground_truth"]}
+        assert got["extra_info"] == want["extra_info"]
+        assert got["extra_info"]["variant"] == "B" and got["extra_info"]["kind"] == "parl"
+        assert [m["role"] for m in got["prompt"]] == ["system", "user"]
+    assert ds[0]["data_source"] == "personal_reward/rubric_generator/amazon"
+
+
+def test_rubric_prompt_is_the_servers_generator_prompt() -> None:
+    from reward_server.rubric.settings import RubricSettings
+    from reward_server.rubric.templates import generator_request
+
+    rec = sample_records()[3]
+    (row,) = build_rows([rec], "rubric_generator")
+    req = generator_request(rec.history, rec.task, RubricSettings.model_validate({}), seed=None)
+    assert row["prompt"] == [{"role": "system", "content": req.system},
+                             {"role": "user", "content": req.user}]
+
+
+def test_personalized_rows_need_rules_and_trl_rows_carry_extra_info(tmp_path: Path) -> None:
+    records = sample_records()
+    rows = build_rows(records, "personalized_generator", reward_kind="weighted",
+                      weights={"rubric_score": 3.0, "nli_constraints": 1.0})
+    assert rows[0]["extra_info"]["weights"] == {"rubric_score": 3.0, "nli_constraints": 1.0}
+    assert rows[0]["prompt"][1]["content"].endswith("Answer with the review only.")
+    trl = to_trl(rows)
+    assert json.loads(trl[2]["extra_info_json"]) == rows[2]["extra_info"]
+    bare = records[0].with_extras(rules=())
+    with pytest.raises(DataFormatError, match="no induced rules"):
+        build_rows([bare], "personalized_generator", reward_kind="rubric_score")
+    assert main(["--task", "rubric_generator", "--out", str(tmp_path)]) == 2
