@@ -176,6 +176,12 @@ class ServingSettings(BaseModel):
         600.0, gt=0.0, description="How long start-up waits for the applications to be RUNNING "
         "(model loading included)."
     )
+    coalesce_wait_ms: float = Field(
+        2.0, ge=0.0, description="Merge this process's concurrent small engine calls that "
+        "arrive within this window into one deployment call (up to the deployment's "
+        "items_per_call) before the Ray hop: far fewer Ray calls per item; replicas then "
+        "re-batch across ingresses with @serve.batch. 0: off (every call is its own Ray call)."
+    )
     judge: DeploymentSettings = Field(
         default_factory=_judge_default, description="The judge (rubric evaluator) deployment."
     )

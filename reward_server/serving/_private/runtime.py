@@ -15,6 +15,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
+from reward_server.backends.batching import CoalescingJudge, CoalescingNLI
 from reward_server.config import RewardServerConfig
 from reward_server.errors import BackendUnavailable, ConfigError
 from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayNLI
@@ -104,27 +105,40 @@ class RayEngines:
         self,
         *,
         judge: RayJudge,
+        judge_engine: JudgeEngine,
         nli: NLIEngine,
+        ray_nli: RayNLI | None,
         serving: ServingSettings,
         deployed: list[str],
         owns_ray: bool,
         connected_ray: bool,
     ) -> None:
-        self.judge: JudgeEngine = judge
+        self.judge: JudgeEngine = judge_engine
         self.nli: NLIEngine = nli
         self._ray_judge = judge
+        self._ray_nli = ray_nli
         self._serving = serving
         self._deployed = deployed
         self._owns_ray = owns_ray
         self._connected_ray = connected_ray
         self._closed = False
 
+    @property
+    def ray_judge(self) -> RayJudge:
+        """The judge adapter itself, without this process's call coalescing in front."""
+        return self._ray_judge
+
+    @property
+    def ray_nli(self) -> RayNLI | None:
+        """The NLI adapter itself (None with nli_engine.kind=judge), without coalescing."""
+        return self._ray_nli
+
     def handle(self, kind: Kind) -> DeploymentHandle[Any]:
         if kind == "judge":
             return self._ray_judge.handle
-        if not isinstance(self.nli, RayNLI):
+        if self._ray_nli is None:
             raise ConfigError("nli_engine.kind=judge: there is no NLI deployment")
-        return self.nli.handle
+        return self._ray_nli.handle
 
     def app_name(self, kind: Kind) -> str:
         return self._serving.app_name(kind)
@@ -165,8 +179,8 @@ class RayEngines:
         if self._closed:
             return
         self._closed = True
-        if isinstance(self.nli, RayNLI):
-            self.nli._pool.shutdown(wait=False)
+        if self._ray_nli is not None:
+            self._ray_nli._pool.shutdown(wait=False)
         try:
             if not self._connected_ray:
                 _blocking(lambda: _delete_apps(self._deployed))
@@ -196,13 +210,26 @@ def _ensure_ray(serving: ServingSettings) -> tuple[bool, bool]:
     return True, False
 
 
-def _deploy_or_attach(app: Any, name: str, serving: ServingSettings) -> DeploymentHandle[Any]:
+def _deploy_or_attach(
+    app: Any, name: str, serving: ServingSettings, deployed: list[str]
+) -> DeploymentHandle[Any]:
     if serving.deploy:
         logger.info("deploying Serve application %s", name)
+        deployed.append(name)  # before serve.run: a failed deploy is cleaned up too
         return _blocking(lambda: serve.run(app, name=name, route_prefix=None))
     _blocking(lambda: _wait_running(name, serving.ready_timeout_s))
     logger.info("attached to running Serve application %s", name)
     return serve.get_app_handle(name)
+
+
+def _caller(handle: DeploymentHandle[Any], kind: Kind, serving: ServingSettings) -> HandleCaller:
+    return HandleCaller(
+        handle,
+        deployment=kind,
+        items_per_call=getattr(serving, kind).items_per_call,
+        timeout_s=serving.call_timeout_s,
+        max_retries=serving.max_retries,
+    )
 
 
 def _info(handle: DeploymentHandle[Any], timeout_s: float) -> dict[str, Any]:
@@ -223,52 +250,38 @@ def start_engines(
     try:
         if serving.deploy:
             _blocking(lambda: serve.start(proxy_location="Disabled"))
-        judge_name = serving.app_name("judge")
-        judge_handle = _deploy_or_attach(
-            judge_application(config, engine_factory=judge_factory) if serving.deploy else None,
-            judge_name,
-            serving,
+        app = judge_application(config, engine_factory=judge_factory) if serving.deploy else None
+        handle = _deploy_or_attach(app, serving.app_name("judge"), serving, deployed)
+        ray_judge = RayJudge(
+            _caller(handle, "judge", serving),
+            model_id=str(_info(handle, serving.ready_timeout_s)["model_id"]),
         )
-        if serving.deploy:
-            deployed.append(judge_name)
-        judge_info = _info(judge_handle, serving.ready_timeout_s)
-        judge = RayJudge(
-            HandleCaller(
-                judge_handle,
-                deployment="judge",
-                items_per_call=serving.judge.items_per_call,
-                timeout_s=serving.call_timeout_s,
-                max_retries=serving.max_retries,
-            ),
-            model_id=str(judge_info["model_id"]),
-        )
+        judge: JudgeEngine = ray_judge
+        wait_s = serving.coalesce_wait_ms / 1000
+        if wait_s > 0:
+            judge = CoalescingJudge(
+                ray_judge, max_batch=serving.judge.items_per_call, max_wait_s=wait_s
+            )
         nli: NLIEngine
-        if config.nli_engine.kind == "judge":
+        ray_nli: RayNLI | None = None
+        if config.nli_engine.kind == "judge":  # judge-as-NLI over the judge deployment
             from reward_server.backends.factory import build_nli
 
             nli = build_nli(config.nli_engine, judge=judge)
         else:
-            nli_name = serving.app_name("nli")
-            nli_handle = _deploy_or_attach(
-                nli_application(config, engine_factory=nli_factory) if serving.deploy else None,
-                nli_name,
-                serving,
-            )
-            if serving.deploy:
-                deployed.append(nli_name)
-            nli_info = _info(nli_handle, serving.ready_timeout_s)
-            nli = RayNLI(
-                HandleCaller(
-                    nli_handle,
-                    deployment="nli",
-                    items_per_call=serving.nli.items_per_call,
-                    timeout_s=serving.call_timeout_s,
-                    max_retries=serving.max_retries,
-                ),
-                model_id=str(nli_info["model_id"]),
-                max_length=int(nli_info["max_length"]),
+            app = nli_application(config, engine_factory=nli_factory) if serving.deploy else None
+            handle = _deploy_or_attach(app, serving.app_name("nli"), serving, deployed)
+            info = _info(handle, serving.ready_timeout_s)
+            nli = ray_nli = RayNLI(
+                _caller(handle, "nli", serving),
+                model_id=str(info["model_id"]),
+                max_length=int(info["max_length"]),
                 timeout_s=serving.call_timeout_s,
             )
+            if wait_s > 0:
+                nli = CoalescingNLI(
+                    ray_nli, max_batch=serving.nli.items_per_call, max_wait_s=wait_s
+                )
     except BaseException:
         if not connected:
             _blocking(lambda: _delete_apps(deployed))
@@ -277,8 +290,10 @@ def start_engines(
             ray.shutdown()
         raise
     return RayEngines(
-        judge=judge,
+        judge=ray_judge,
+        judge_engine=judge,
         nli=nli,
+        ray_nli=ray_nli,
         serving=serving,
         deployed=deployed,
         owns_ray=owns_ray,

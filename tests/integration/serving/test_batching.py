@@ -38,6 +38,7 @@ def engines(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
     config = kit.config(
         "t-batch",
         [
+            "serving.coalesce_wait_ms=0",  # every call its own Ray call: @serve.batch alone
             "serving.judge.max_batch_size=32",
             "serving.judge.batch_wait_timeout_s=0.02",
             "serving.judge.max_items_per_call=64",

@@ -1,0 +1,191 @@
+"""What hosting costs: the same fake-engine items scored in-process, through gRPC, and through
+gRPC + Ray Serve (engines as deployments, @serve.batch re-batching).
+
+    python bench/server_overhead.py                 # 10,000 items, 64 concurrent calls
+    python bench/server_overhead.py --items 2000 --judge-replicas 2
+
+Scenarios, each on the same items (half rubric_score -> judge, half nli_constraints -> NLI):
+  (a) baseline: RewardService.score in-process, raw fake engines, 256-item calls in sequence
+  (b) gRPC -> in-process engines (coalescing), 64 concurrent single-item calls
+  (c) gRPC -> Ray Serve -> engines, 64 concurrent single-item calls
+  (d) gRPC -> Ray Serve -> engines, 256-item calls, up to 64 concurrent
+(c) and (d) run twice: with the ingress's call coalescing off (every engine call the service
+makes is its own Ray call; only the replicas' @serve.batch batches) and on (the default,
+serving.coalesce_wait_ms=2: concurrent calls merged in the ingress before the Ray hop).
+Prints items/s, p50/p99 per call, the batch sizes the Ray replicas formed (from their own
+records), every result checked against its item, and the overhead ratios vs (a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from reward_server import domain as d
+from reward_server.backends.factory import coalesced
+from reward_server.backends.fake import FakeJudge, FakeNLI
+from reward_server.client import AsyncRewardClient
+from reward_server.config import RewardServerConfig, load_config
+from reward_server.rpc.server import create_server
+from reward_server.service import RewardService
+
+Scorer = Callable[[Sequence[d.ScoreItem]], Awaitable[list[d.ItemResult]]]
+
+
+def make_items(n: int) -> list[d.ScoreItem]:
+    items: list[d.ScoreItem] = []
+    for i in range(n):
+        if i % 2:
+            spec: d.ItemSpec = d.NliConstraintsSpec(
+                response=f"Paris is the capital of France. Item {i} likes museums.",
+                answer="Paris capital", preference="museums")
+        else:
+            spec = d.RubricScoreSpec(context="ctx", text=f"Morning coffee number {i}.",
+                                     rules=('Mentions "coffee".', 'Mentions "tea".'))
+        items.append(d.ScoreItem(f"i{i}", spec))
+    return items
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def run(
+    name: str, score: Scorer, items: list[d.ScoreItem], *, per_call: int, concurrency: int
+) -> dict[str, Any]:
+    calls = [items[i : i + per_call] for i in range(0, len(items), per_call)]
+    sem = asyncio.Semaphore(concurrency)
+    lat: list[float] = []
+    results: list[list[d.ItemResult]] = [[] for _ in calls]
+
+    async def one(k: int) -> None:
+        async with sem:
+            t = time.perf_counter()
+            results[k] = await score(calls[k])
+            lat.append((time.perf_counter() - t) * 1000)
+
+    await asyncio.gather(*(one(k) for k in range(min(len(calls), 8))))  # warm-up
+    lat.clear()
+    start = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(len(calls))))
+    wall = time.perf_counter() - start
+    bad = sum(
+        r.item_id != it.item_id or r.status is not d.ItemStatus.OK
+        for call, res in zip(calls, results, strict=True)
+        for it, r in zip(call, res, strict=True)
+    ) + sum(len(c) != len(r) for c, r in zip(calls, results, strict=True))
+    row = {"name": name, "items_s": len(items) / wall, "p50": pct(lat, 0.5),
+           "p99": pct(lat, 0.99), "wall": wall, "bad": bad}
+    print(f"{name:<48} {row['items_s']:>10.0f} items/s   p50 {row['p50']:>8.1f} ms   "
+          f"p99 {row['p99']:>8.1f} ms   wall {wall:6.1f} s   mismatched/failed {bad}", flush=True)
+    return row
+
+
+async def grpc_scorer(config: RewardServerConfig, service: RewardService) -> tuple[Any, Any]:
+    server, port = create_server(config, service)
+    await server.start()
+    client = AsyncRewardClient(f"127.0.0.1:{port}", timeout_s=600)
+    return server, client
+
+
+def sizes_since(now: dict[str, Any], before: dict[str, Any], method: str) -> list[int]:
+    out: list[int] = []
+    for rid, stats in now.items():
+        seen = len(before.get(rid, {}).get("batch_sizes", {}).get(method, []))
+        out += stats["batch_sizes"].get(method, [])[seen:]
+    return out
+
+
+def describe(sizes: list[int]) -> str:
+    if not sizes:
+        return "none recorded"
+    return (f"{len(sizes)} batches, mean {statistics.mean(sizes):.1f}, p50 {pct(sizes, 0.5)}, "
+            f"max {max(sizes)}, singletons {sum(s == 1 for s in sizes)}")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--items", type=int, default=10_000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--judge-replicas", type=int, default=1)
+    ap.add_argument("--nli-replicas", type=int, default=1)
+    args = ap.parse_args()
+    items = make_items(args.items)
+    print(f"{args.items} items, concurrency {args.concurrency}, {os.cpu_count()} CPUs", flush=True)
+
+    # (a) baseline
+    base_cfg = load_config(overrides=["server.port=0"], env={})
+    service = RewardService(base_cfg, judge=FakeJudge(), nli=FakeNLI())
+    a = await run("(a) in-process service, 256-item calls", service.score, items,
+                  per_call=256, concurrency=1)
+
+    # (b) gRPC -> in-process engines
+    judge, nli = coalesced(FakeJudge(), FakeNLI(), base_cfg)
+    server, client = await grpc_scorer(base_cfg, RewardService(base_cfg, judge=judge, nli=nli))
+    b = await run("(b) gRPC -> in-process engines, 1-item calls", client.score, items,
+                  per_call=1, concurrency=args.concurrency)
+    await client.close()
+    await server.stop(grace=1.0, drain_delay=0)
+
+    # (c), (d) gRPC -> Ray Serve -> engines
+    from reward_server.serving import start_engines
+
+    ray_cfg = load_config(overrides=[
+        "server.port=0", "serving.mode=ray", "serving.app_prefix=bench",
+        f"serving.local_num_cpus={max(2, os.cpu_count() or 2)}",
+        "serving.judge.num_cpus=0", "serving.nli.num_cpus=0",
+        f"serving.judge.min_replicas={args.judge_replicas}",
+        f"serving.judge.max_replicas={args.judge_replicas}",
+        f"serving.nli.min_replicas={args.nli_replicas}",
+        f"serving.nli.max_replicas={args.nli_replicas}",
+    ], env={})
+    engines = await asyncio.to_thread(start_engines, ray_cfg)
+    try:
+        rows = {}
+        assert engines.ray_nli is not None
+        for coalesce in ("off", "on"):
+            if coalesce == "off":
+                service = RewardService(ray_cfg, judge=engines.ray_judge, nli=engines.ray_nli)
+            else:
+                service = RewardService(ray_cfg, judge=engines.judge, nli=engines.nli)
+            server, client = await grpc_scorer(ray_cfg, service)
+            for label, per_call in (("1-item", 1), ("256-item", 256)):
+                before = {k: await engines.batch_stats(k) for k in ("judge", "nli")}
+                tag = ("(c)" if per_call == 1 else "(d)") + f" coalesce {coalesce}"
+                rows[tag] = await run(f"{tag}: gRPC->Ray Serve, {label} calls",
+                                      client.score, items, per_call=per_call,
+                                      concurrency=args.concurrency)
+                now = {k: await engines.batch_stats(k) for k in ("judge", "nli")}
+                print("    judge replicas' p_yes batches:    "
+                      f"{describe(sizes_since(now['judge'], before['judge'], 'p_yes'))}")
+                print("    NLI replicas' entailment batches: "
+                      f"{describe(sizes_since(now['nli'], before['nli'], 'entailment'))}")
+            await client.close()
+            await server.stop(grace=1.0, drain_delay=0)
+    finally:
+        await asyncio.to_thread(engines.shutdown)
+
+    print("\nthroughput ratio vs (a) (items/s of (a) / items/s of x):")
+    for row in (b, *rows.values()):
+        print(f"  {row['name']:<48} x{a['items_s'] / row['items_s']:.2f}")
+    c_on, c_off = rows["(c) coalesce on"], rows["(c) coalesce off"]
+    d_on, d_off = rows["(d) coalesce on"], rows["(d) coalesce off"]
+    print(f"Ray hop, 1-item calls, coalescing on: throughput (b)/(c) x"
+          f"{b['items_s'] / c_on['items_s']:.2f}, p50 latency (c)/(b) x{c_on['p50'] / b['p50']:.2f}")
+    print(f"ingress coalescing on vs off: 1-item calls x{c_on['items_s'] / c_off['items_s']:.2f}"
+          f" items/s, 256-item calls x{d_on['items_s'] / d_off['items_s']:.2f} items/s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
