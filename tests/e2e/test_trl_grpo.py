@@ -48,7 +48,7 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     before_calls = len(reward_server.judge.batch_sizes)
     settings = TrlRunSettings(
         data=data, output_dir=tmp_path / "run", reward_server=reward_server.target,
-        model=model_path, max_steps=2, prompts_per_step=1, num_generations=4,
+        model=model_path, max_steps=2, prompts_per_step=1, num_generations=2,
         max_completion_length=16, temperature=1.0, learning_rate=1e-4, seed=1,
     )
     from transformers import AutoModelForCausalLM
@@ -57,7 +57,7 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     result = run_trl(settings)
     reward = result["reward"]
     # every completion of every step was sent, in one Score call per generation batch
-    assert reward.calls == [4, 4]
+    assert reward.calls == [2, 2]
     assert len(reward_server.judge.batch_sizes) > before_calls
     rows = [json.loads(x) for x in Path(result["log"]).read_text().splitlines()]
     train_rows = [r for r in rows if "reward" in r]
