@@ -54,12 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--token-budget", type=int, default=None, help="our engine's budget (default: engine's)")
     ap.add_argument("--skip-single", action="store_true", help="skip (a); ratios then use (b)")
-    ap.add_argument(
-        "--single-limit",
-        type=int,
-        default=None,
-        help="time (a) on the first N pairs only (its pairs/s is then extrapolated)",
-    )
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (see main)")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)  # fmt: skip
@@ -126,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {args.device}, torch threads: {torch.get_num_threads()}, pairs: {args.pairs}")
     tok = AutoTokenizer.from_pretrained(model)
     pairs = make_pairs(tok, args.pairs, args.seed)
-    as_tuples = [(p.premise, p.hypothesis) for p in pairs]
 
     def engine(quantize: bool, budget: int | None) -> TransformersNLI:
         s = NLIBackendSettings(kind="transformers", model=model, device=args.device,
@@ -139,29 +133,52 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda"):
         ce_kwargs["model_kwargs"] = {"dtype": torch.bfloat16}
     ce = CrossEncoder(model, device=args.device, max_length=ours.max_length, **ce_kwargs)
-    rows: list[tuple[str, float, np.ndarray]] = []
 
+    # Every method is a callable over a chunk of pairs returning P(entailment). The pairs are cut
+    # into --rounds chunks and the methods take turns on each chunk, so that load changes on a
+    # shared machine hit every method alike; each method's time is summed over the rounds.
+    def ce_single(chunk: list[NLIPair]) -> list[float]:
+        out = [ce.predict([(p.premise, p.hypothesis)], batch_size=1, show_progress_bar=False)[0]
+               for p in chunk]  # fmt: skip
+        return list(softmax_col(np.asarray(out, dtype=np.float64), ent))
+
+    def ce_batch(chunk: list[NLIPair]) -> list[float]:
+        out = ce.predict([(p.premise, p.hypothesis) for p in chunk], batch_size=32,
+                         show_progress_bar=False)  # fmt: skip
+        return list(softmax_col(np.asarray(out, dtype=np.float64), ent))
+
+    def ours_fn(eng: TransformersNLI) -> Any:
+        def run(chunk: list[NLIPair]) -> list[float]:
+            res = asyncio.run(eng.entailment(chunk))
+            sync_cuda()
+            return [s.entailment for s in res]
+
+        return run
+
+    methods: list[tuple[str, Any]] = []
     if not args.skip_single:
-        sub = as_tuples[: args.single_limit] if args.single_limit else as_tuples
-        ce.predict(sub[:2], batch_size=1, show_progress_bar=False)  # warm-up
-        out, dt = timed(lambda: [ce.predict([p], batch_size=1, show_progress_bar=False)[0] for p in sub])
-        ref = softmax_col(np.asarray(out, dtype=np.float64), ent)
-        rows.append(("(a) CrossEncoder one pair at a time", len(sub) / dt, ref))
-    out, dt = timed(lambda: ce.predict(as_tuples, batch_size=32, show_progress_bar=False))
-    rows.append(("(b) CrossEncoder batch_size=32", len(pairs) / dt, softmax_col(np.asarray(out, np.float64), ent)))
-
-    def run_ours(label: str, eng: TransformersNLI) -> None:
-        asyncio.run(eng.entailment(pairs[:8]))  # warm-up
-        res, dt = timed(lambda: (asyncio.run(eng.entailment(pairs)), sync_cuda())[0])
-        rows.append((label, len(pairs) / dt, np.array([s.entailment for s in res])))
-
-    run_ours(f"(c) ours, token budget {ours.token_budget}", ours)
+        methods.append(("(a) CrossEncoder one pair at a time", ce_single))
+    methods.append(("(b) CrossEncoder batch_size=32", ce_batch))
+    methods.append((f"(c) ours, token budget {ours.token_budget}", ours_fn(ours)))
     for b in [int(x) for x in args.token_budgets.split(",") if x.strip()]:
-        run_ours(f"(c) ours, token budget {b}", engine(False, b))
+        methods.append((f"(c) ours, token budget {b}", ours_fn(engine(False, b))))
     if args.quantize == "int8":
         q = engine(True, args.token_budget)
-        run_ours(f"(d) ours + int8 dynamic quant, budget {q.token_budget}", q)
-
+        methods.append((f"(d) ours + int8 dynamic quant, budget {q.token_budget}", ours_fn(q)))
+    for _, fn in methods:  # warm-up
+        fn(pairs[:4])
+    times = [0.0] * len(methods)
+    probs: list[list[float]] = [[] for _ in methods]
+    size = -(-len(pairs) // max(1, args.rounds))
+    for r, lo in enumerate(range(0, len(pairs), size)):
+        chunk = pairs[lo : lo + size]
+        for k, (_, fn) in enumerate(methods):
+            t = time.perf_counter()
+            probs[k] += fn(chunk)
+            times[k] += time.perf_counter() - t
+        print(f"  round {r + 1}: " + ", ".join(f"{len(probs[k]) / times[k]:.2f}"
+              for k in range(len(methods))) + " pairs/s so far", file=sys.stderr, flush=True)  # fmt: skip
+    rows = [(label, len(pairs) / times[k], np.array(probs[k])) for k, (label, _) in enumerate(methods)]
     _, ref_rate, ref_probs = rows[0]
     base_b = rows[1][1] if not args.skip_single else rows[0][1]
     print(f"\n{'run':52s} {'pairs/s':>9s} {'x(a)':>7s} {'x(b)':>7s} {'max|dp| vs (a)':>15s}")
