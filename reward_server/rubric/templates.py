@@ -47,11 +47,12 @@ JUDGE_SYSTEM = (
     "Decide whether the {text_lower} satisfies the rule. Answer with a single word: yes or no."
 )
 
-JUDGE_PREFIX = "## {context_label}\n{context}\n\n## {text_label}\n{text}\n\n"
-JUDGE_SUFFIX = (
-    "## Rubric rule\n{rule}\n\n"
-    "Does the {text_lower} above satisfy the rubric rule? Answer yes or no."
-)
+# The prefix ends on the text's last character and the suffix starts with the newlines: the
+# split then falls on a pre-tokenizer boundary, so tokens(prefix) + tokens(suffix) equals
+# tokens(prefix + suffix) for byte-level BPE tokenizers (the ids engines that tokenize the
+# whole prompt, e.g. vLLM, see).
+JUDGE_PREFIX = "## {context_label}\n{context}\n\n## {text_label}\n{text}"
+JUDGE_SUFFIX = "\n\n## Rubric rule\n{rule}\n\nDoes the {text_lower} above satisfy the rubric rule? Answer yes or no."
 
 GENERATOR_SYSTEM = (
     "You are an expert in writing style analysis and personalization. You study the writing "

@@ -59,6 +59,11 @@ def test_protocol_and_token_ids(judge: JudgeEngine) -> None:
         assert tok.decode([i]).strip().lower() == "yes"
     for i in no:
         assert tok.decode([i]).strip().lower() == "no"
+    # The prefix/suffix split falls on a token boundary: same ids as tokenizing the whole prompt.
+    for p in _prompts():
+        prefix, suffix = judge.render(p)
+        ids = tok(prefix, add_special_tokens=False).input_ids + tok(suffix, add_special_tokens=False).input_ids
+        assert ids == tok(prefix + suffix, add_special_tokens=False).input_ids
 
 
 async def test_p_yes_in_unit_interval_and_shared_equals_unshared(judge: JudgeEngine) -> None:

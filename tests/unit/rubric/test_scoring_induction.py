@@ -54,7 +54,7 @@ def test_judge_prompt_text_before_rule_and_prefix_shared() -> None:
     a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS)
     b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS)
     assert a.system == b.system and a.prefix == b.prefix and a.suffix != b.suffix
-    assert a.prefix.rstrip().endswith("Rain again")
+    assert a.prefix.endswith("Rain again") and a.suffix.startswith("\n")
     assert "Article" in a.prefix and "Headline" in a.prefix and RA in a.suffix
     assert (a.context, a.text, a.rule) == ("An article about rain.", "Rain again", RA)
     assert "yes or no" in a.suffix and "yes or no" in a.system
