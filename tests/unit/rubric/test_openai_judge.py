@@ -115,9 +115,12 @@ async def test_p_yes_exact_and_forced_missing_side(base_url: str) -> None:
     assert p[1] == pytest.approx(sig(-4.0 - l_no))  # yes forced: its own log-prob, no constant
     forced = [r for r in State.requests if r.get("allowed_token_ids")]
     assert [r["allowed_token_ids"] for r in forced] == [[1, 2, 3]]
-    first = State.requests[0]
+    # Requests run concurrently: find the first prompt's by its content.
+    sent = [r for r in State.requests if r["messages"][1]["content"] == prompts[0].prefix + prompts[0].suffix]
+    assert len(sent) == 1
+    first = sent[0]
+    assert first["messages"][0]["content"] == prompts[0].system
     assert first["max_tokens"] == 1 and first["logprobs"] is True and first["top_logprobs"] == 20
-    assert first["messages"][1]["content"] == prompts[0].prefix + prompts[0].suffix
     await judge.close()
 
 
