@@ -219,7 +219,7 @@ def _deploy_or_attach(
         return _blocking(lambda: serve.run(app, name=name, route_prefix=None))
     _blocking(lambda: _wait_running(name, serving.ready_timeout_s))
     logger.info("attached to running Serve application %s", name)
-    return serve.get_app_handle(name)
+    return _blocking(lambda: serve.get_app_handle(name))
 
 
 def _caller(handle: DeploymentHandle[Any], kind: Kind, serving: ServingSettings) -> HandleCaller:

@@ -112,3 +112,51 @@ async def test_nli_single_pair_calls_are_batched_and_matched(
 async def test_empty_calls_do_not_reach_the_replicas(engines: RayEngines) -> None:
     assert await engines.judge.p_yes([]) == []
     assert await engines.nli.entailment([]) == []
+
+
+async def test_a_second_ingress_attaches_without_redeploying(
+    engines: RayEngines, kit: Any
+) -> None:
+    config = kit.config("t-batch", ["serving.deploy=false"])
+    other = start_engines(config)  # no factories: it deploys nothing, it only attaches
+    try:
+        stats_before = await engines.batch_stats("judge")
+        scores = await other.judge.p_yes([prompt(i) for i in range(30)])
+        assert scores == [pytest.approx(expected_p(i)) for i in range(30)]
+        stats_after = await engines.batch_stats("judge")
+        assert set(stats_after) == set(stats_before)  # same replicas served it
+        assert other.nli.model_id == "fake-nli"
+    finally:
+        other.shutdown()
+    # the attached copy must not have deleted the shared applications
+    assert engines.replica_counts("judge") == {"RUNNING": 1}
+    assert await engines.judge.p_yes([prompt(3)]) == [pytest.approx(expected_p(3))]
+
+
+async def test_batching_knobs_change_at_runtime(engines: RayEngines, kit: Any) -> None:
+    """Redeploying with a new user_config reaches the replicas' reconfigure."""
+    config = kit.config(
+        "t-batch",
+        [
+            "serving.coalesce_wait_ms=0",
+            "serving.judge.max_batch_size=8",
+            "serving.judge.batch_wait_timeout_s=0.05",
+        ],
+    )
+    again = start_engines(
+        config, judge_factory=kit.judge_factory(latency_s=0.05, n_scripted=200),
+        nli_factory=kit.nli_factory(latency_s=0.05),
+    )
+    try:
+        before = await again.batch_stats("judge")
+        seen = {rid: len(s["batch_sizes"].get("p_yes", [])) for rid, s in before.items()}
+        results = await asyncio.gather(*(again.judge.p_yes([prompt(i)]) for i in range(80)))
+        assert [r[0] for r in results] == [pytest.approx(expected_p(i)) for i in range(80)]
+        after = await again.batch_stats("judge")
+        new = [
+            n for rid, s in after.items() for n in s["batch_sizes"].get("p_yes", [])[seen.get(rid, 0):]
+        ]
+        assert sum(new) == 80
+        assert max(new) <= 8 and max(new) > 1
+    finally:
+        again.shutdown()

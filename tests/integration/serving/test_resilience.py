@@ -88,6 +88,7 @@ def tiny(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
         "t-load",
         [
             "nli_engine.kind=judge",
+            "serving.coalesce_wait_ms=0",
             "serving.judge.max_ongoing_requests=2",
             "serving.judge.max_queued_requests=2",
             "serving.judge.max_batch_size=1",
@@ -114,12 +115,12 @@ async def test_overload_beyond_the_queue_bound_fails_fast_and_stays_healthy(
     results = await asyncio.gather(*(one(i) for i in range(20)))
     refused = [(t, r) for t, r in results if isinstance(r, Overloaded)]
     served = [(i, t, r) for i, (t, r) in enumerate(results) if not isinstance(r, Exception)]
-    # at most 2 running on the replica + 2 queued at the handle: 16 or more refused, at once
-    # (a call counts as queued until a replica accepts it, so a simultaneous burst may see
-    # fewer than 4 admitted)
-    assert len(refused) >= 16
+    # 2 running on the replica + 2 queued at the handle (+1 seen while a replica slot is being
+    # handed over); a call counts as queued until a replica accepts it, so a simultaneous
+    # burst may see fewer admitted. All the others are refused at once.
+    assert 2 <= len(served) <= 5
+    assert len(refused) == 20 - len(served)
     assert all(t < 0.5 for t, _ in refused)
-    assert len(served) == 20 - len(refused) >= 2
     assert all(r == f"out-{i}" and t >= 1.0 for i, t, r in served)
     # still healthy and serving
     assert tiny.replica_counts("judge") == {"RUNNING": 1}
