@@ -3,6 +3,7 @@ gRPC + Ray Serve (engines as deployments, @serve.batch re-batching).
 
     python bench/server_overhead.py                 # 10,000 items, 64 concurrent calls
     python bench/server_overhead.py --items 2000 --judge-replicas 2
+    python bench/server_overhead.py 2>/dev/null     # the table only (Ray logs go to stderr)
 
 Scenarios, each on the same items (half rubric_score -> judge, half nli_constraints -> NLI):
   (a) baseline: RewardService.score in-process, raw fake engines, 256-item calls in sequence
