@@ -85,7 +85,8 @@ def _convert(gguf: Path, out: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ModelLoadError(
-            f"converting SmolLM2 needs torch and transformers ({e}); pip install 'reward-server[server]'"
+            f"converting SmolLM2 needs torch and transformers ({e}); "
+            "pip install 'reward-server[server]'"
         ) from e
     try:
         # from_pretrained(gguf_file=...) would also need accelerate; build the model from the
@@ -95,18 +96,21 @@ def _convert(gguf: Path, out: Path) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+        parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)  # type: ignore[no-untyped-call]
         state = parsed["tensors"]
         missing, unexpected = model.load_state_dict(state, strict=False)
         if config.tie_word_embeddings:
             model.tie_weights()
             missing = [m for m in missing if m != "lm_head.weight"]
         if missing or unexpected:
-            raise ValueError(f"GGUF tensors do not match the model: missing={missing} "
-                             f"unexpected={unexpected}")
+            raise ValueError(
+                f"GGUF tensors do not match the model: missing={missing} unexpected={unexpected}"
+            )
     except ImportError as e:
-        raise ModelLoadError(f"reading a GGUF file needs the gguf package: pip install gguf ({e})") from e
+        raise ModelLoadError(
+            f"reading a GGUF file needs the gguf package: pip install gguf ({e})"
+        ) from e
     except Exception as e:
         raise ModelLoadError(f"could not convert {gguf}: {type(e).__name__}: {e}") from e
     model.eval()
