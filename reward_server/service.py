@@ -17,7 +17,7 @@ from reward_server import API_VERSION, __version__, nli, rubric
 from reward_server import domain as d
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.config import RewardServerConfig
-from reward_server.errors import InvalidRequest
+from reward_server.errors import BackendUnavailable, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,11 @@ class RewardService:
                 tasks = [tg.create_task(self._score_item(item)) for item in items]
         except BaseExceptionGroup as group:
             raise _first_leaf(group) from None
+        if any(t.cancelled() for t in tasks):  # an engine cancelled our call (replica gone?)
+            raise BackendUnavailable(
+                "an engine call was cancelled before it answered (replica restarting or shutting "
+                "down?); retry the call"
+            )
         return [t.result() for t in tasks]
 
     def _validate_batch(self, items: Sequence[d.ScoreItem]) -> None:

@@ -13,6 +13,7 @@ import grpc
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
+from reward_server.errors import BackendUnavailable
 from reward_server.rpc import convert
 from reward_server.rpc.status import message_for, status_for
 from reward_server.service import RewardService
@@ -45,7 +46,16 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         start = time.perf_counter()
         code_name = "OK"
         try:
-            return await asyncio.wait_for(work, timeout=timeout)
+            try:
+                return await asyncio.wait_for(work, timeout=timeout)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the call itself was cancelled (client gone, server stopping)
+                # a cancellation leaked out of an engine: an infrastructure failure
+                raise BackendUnavailable(
+                    "an engine call was cancelled before it answered; retry the call"
+                ) from None
         except Exception as exc:  # mapped to a status below; never turned into a reward
             code = status_for(exc)
             code_name = code.name

@@ -85,3 +85,22 @@ async def test_drain_reports_not_serving_and_finishes_in_flight_calls() -> None:
             with pytest.raises(RewardCallError) as e:
                 await probe.health(timeout_s=1.0)
             assert e.value.code is grpc.StatusCode.UNAVAILABLE
+
+
+class CancellingJudge(FakeJudge):
+    """A judge whose engine call gets cancelled from inside (as when a replica goes away)."""
+
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        asyncio.get_running_loop().call_later(0.05, inner.cancel)
+        await inner
+        return []
+
+
+async def test_a_cancellation_leaking_from_an_engine_is_unavailable_not_cancelled() -> None:
+    async with running_server(judge=CancellingJudge()) as r, r.client(max_retries=0) as c:
+        with pytest.raises(RewardCallError) as e:
+            await c.score([ITEM])
+        assert e.value.code is grpc.StatusCode.UNAVAILABLE
+        assert "cancelled" in e.value.details
+        assert await c.health() == "SERVING"
