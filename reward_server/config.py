@@ -98,6 +98,12 @@ class JudgeBackendSettings(_Frozen):
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vllm only.")
     max_model_len: int | None = Field(None, ge=16, description="vllm: context length cap.")
     seed: int = Field(0, description="Base seed for sampled generation.")
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU engines: torch intra-op threads for this process (None: torch's default, "
+        "one per core). Set 1 when several engines or processes share few cores.",
+    )
     coalesce_wait_ms: float = Field(
         2.0,
         ge=0.0,
@@ -136,6 +142,12 @@ class NLIBackendSettings(_Frozen):
     )
     coalesce_max_items: int = Field(
         512, ge=1, description="In-process hosting: most items one merged engine call may carry."
+    )
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU engines: torch intra-op threads for this process (None: torch's default, "
+        "one per core). Set 1 when several engines or processes share few cores.",
     )
     quantize_int8: bool = Field(
         False, description="CPU only: int8 dynamic quantization of Linear layers (faster, "

@@ -12,6 +12,14 @@ from reward_server.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
+def _set_threads(n: int | None) -> None:
+    if n is not None:
+        import torch
+
+        torch.set_num_threads(n)
+        logger.info("torch intra-op threads set to %d", n)
+
+
 def build_judge(settings: JudgeBackendSettings) -> JudgeEngine:
     """The judge engine named by ``settings.kind`` (loads its model; may take a while)."""
     logger.info("building judge engine kind=%s model=%s", settings.kind, settings.model)
@@ -20,6 +28,7 @@ def build_judge(settings: JudgeBackendSettings) -> JudgeEngine:
     if settings.kind == "transformers":
         from reward_server.backends.transformers_judge import TransformersJudge
 
+        _set_threads(settings.num_threads)
         return TransformersJudge.from_settings(settings)
     if settings.kind == "vllm":
         from reward_server.backends.vllm_judge import VLLMJudge
@@ -40,6 +49,7 @@ def build_nli(settings: NLIBackendSettings, *, judge: JudgeEngine | None = None)
     if settings.kind == "transformers":
         from reward_server.backends.transformers_nli import TransformersNLI
 
+        _set_threads(settings.num_threads)
         return TransformersNLI.from_settings(settings)
     if settings.kind == "judge":
         if judge is None:
