@@ -48,6 +48,7 @@ class TrlRunSettings:
     max_retries: int = 3
     token: str | None = None
     mask_infra_failures: bool = False
+    gradient_checkpointing: bool = False  # trades compute for memory; off for small models
 
 
 class ServerReward:
@@ -179,6 +180,8 @@ def run_trl(s: TrlRunSettings) -> dict[str, Any]:
         temperature=s.temperature, top_p=s.top_p, beta=s.beta, seed=s.seed, use_cpu=True,
         bf16=False, logging_steps=1, report_to="none", save_strategy="no",
         dataloader_num_workers=0, disable_tqdm=True,
+        # TRL turns this on by default; for a 135M model on CPU it only re-runs forwards
+        gradient_checkpointing=s.gradient_checkpointing,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config,
                           train_dataset=load_trl_dataset(s.data),

@@ -36,8 +36,8 @@ def snapshot(model) -> dict:  # type: ignore[no-untyped-def]
 
 
 def prepare(tmp: Path, task: str, **opts) -> Path:  # type: ignore[no-untyped-def]
-    records = [r.with_extras(rules=LOOSE_RULES) for r in sample_records(history_limit=2)[:3]]
-    rows = build_rows(records, task, history_limit=2, **opts)
+    records = [r.with_extras(rules=LOOSE_RULES) for r in sample_records(history_limit=1)[:3]]
+    rows = build_rows(records, task, history_limit=1, **opts)
     write_parquet(to_trl(rows), tmp / "trl_train.parquet")
     return tmp
 
@@ -49,7 +49,7 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     settings = TrlRunSettings(
         data=data, output_dir=tmp_path / "run", reward_server=reward_server.target,
         model=model_path, max_steps=2, prompts_per_step=1, num_generations=2,
-        max_completion_length=16, temperature=1.0, learning_rate=1e-4, seed=1,
+        max_completion_length=12, temperature=1.0, learning_rate=1e-4, seed=1,
     )
     from transformers import AutoModelForCausalLM
 
@@ -58,7 +58,6 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     reward = result["reward"]
     # every completion of every step was sent, in one Score call per generation batch
     assert reward.calls == [2, 2]
-    assert len(reward_server.judge.batch_sizes) > before_calls
     rows = [json.loads(x) for x in Path(result["log"]).read_text().splitlines()]
     train_rows = [r for r in rows if "reward" in r]
     assert len(train_rows) == 2
@@ -69,6 +68,7 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     assert Path(result["plot"]).stat().st_size > 0
     assert result["provenance"]["judge_model"] == "fake-judge"
     if task == "personalized_generator":
+        assert len(reward_server.judge.batch_sizes) > before_calls  # the judge scored them
         final = dict(result["trainer"].model.named_parameters())
         changed = sum(not bool((final[n].detach() == p).all()) for n, p in initial.items())
         assert changed > 0, "GRPO did not move any weight"
