@@ -14,31 +14,14 @@ import asyncio
 import statistics
 import time
 
+from _workload import make_items, pct
+
 from reward_server import domain as d
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.client import AsyncRewardClient
 from reward_server.config import load_config
 from reward_server.rpc.server import create_server
 from reward_server.service import RewardService
-
-
-def make_items(n: int) -> list[d.ScoreItem]:
-    items: list[d.ScoreItem] = []
-    for i in range(n):
-        if i % 2:
-            spec: d.ItemSpec = d.NliConstraintsSpec(
-                response=f"Paris is the capital of France. Item {i} likes museums.",
-                answer="Paris capital", preference="museums")
-        else:
-            spec = d.RubricScoreSpec(context="ctx", text=f"Morning coffee number {i}.",
-                                     rules=('Mentions "coffee".', 'Mentions "tea".'))
-        items.append(d.ScoreItem(f"i{i}", spec))
-    return items
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def measure(fn, items: list[d.ScoreItem], calls: int) -> list[float]:  # type: ignore[no-untyped-def]

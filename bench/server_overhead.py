@@ -31,6 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _workload import make_items, pct
+
 from reward_server import domain as d
 from reward_server.backends.factory import coalesced
 from reward_server.backends.fake import FakeJudge, FakeNLI
@@ -40,25 +42,6 @@ from reward_server.rpc.server import create_server
 from reward_server.service import RewardService
 
 Scorer = Callable[[Sequence[d.ScoreItem]], Awaitable[list[d.ItemResult]]]
-
-
-def make_items(n: int) -> list[d.ScoreItem]:
-    items: list[d.ScoreItem] = []
-    for i in range(n):
-        if i % 2:
-            spec: d.ItemSpec = d.NliConstraintsSpec(
-                response=f"Paris is the capital of France. Item {i} likes museums.",
-                answer="Paris capital", preference="museums")
-        else:
-            spec = d.RubricScoreSpec(context="ctx", text=f"Morning coffee number {i}.",
-                                     rules=('Mentions "coffee".', 'Mentions "tea".'))
-        items.append(d.ScoreItem(f"i{i}", spec))
-    return items
-
-
-def pct(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def run(
