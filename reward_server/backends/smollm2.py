@@ -96,8 +96,8 @@ def _convert(gguf: Path, out: Path) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
-        parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)  # type: ignore[no-untyped-call]
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
         state = parsed["tensors"]
         missing, unexpected = model.load_state_dict(state, strict=False)
         if config.tie_word_embeddings:

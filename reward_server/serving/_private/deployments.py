@@ -171,7 +171,7 @@ class JudgeDeployment(_ReplicaBase):
     async def generate(self, requests: list[GenerationRequest]) -> list[str]:
         return await self._pieces(requests, self._generate_batch)
 
-    @serve.batch(
+    @serve.batch(  # type: ignore[untyped-decorator]
         max_batch_size=_DEFAULT_MAX_BATCH,
         batch_wait_timeout_s=_DEFAULT_WAIT_S,
         batch_size_fn=total_items,
@@ -181,7 +181,7 @@ class JudgeDeployment(_ReplicaBase):
         scores = await self._run_engine("p_yes", self._engine.p_yes(flat), len(flat))
         return split_back(scores, [len(c) for c in calls])
 
-    @serve.batch(
+    @serve.batch(  # type: ignore[untyped-decorator]
         max_batch_size=_DEFAULT_MAX_BATCH,
         batch_wait_timeout_s=_DEFAULT_WAIT_S,
         batch_size_fn=total_items,
@@ -224,7 +224,7 @@ class NLIDeployment(_ReplicaBase):
     async def entailment(self, pairs: list[NLIPair]) -> list[NLIScore]:
         return await self._pieces(pairs, self._entailment_batch)
 
-    @serve.batch(
+    @serve.batch(  # type: ignore[untyped-decorator]
         max_batch_size=_DEFAULT_MAX_BATCH,
         batch_wait_timeout_s=_DEFAULT_WAIT_S,
         batch_size_fn=total_items,
