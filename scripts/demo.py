@@ -87,10 +87,14 @@ def main() -> int:
     step("5/5 results")
     rows = [json.loads(x) for x in (run_dir / "run_log.jsonl").read_text().splitlines() if x.strip()]
     rows = [r for r in rows if "reward" in r]
-    print(f"{'step':>4} {'reward':>8} {'reward_std':>10} {'step_s':>7}")
+    print(f"{'step':>4} {'reward':>8} {'reward_std':>10} {'step_s':>7} {'reward_wait_s':>13}")
     for i, r in enumerate(rows, start=1):
         print(f"{r.get('step', i):>4} {r['reward']:8.4f} {r.get('reward_std', float('nan')):10.4f}"
-              f" {r.get('step_time', float('nan')):7.1f}")
+              f" {r.get('step_time', float('nan')):7.1f} {r.get('reward/wait_s', float('nan')):13.2f}")
+    step_s = sum(r.get("step_time", 0.0) for r in rows)
+    wait_s = sum(r.get("reward/wait_s", 0.0) for r in rows)
+    if step_s > 0:
+        print(f"share of step time waiting for rewards: {100 * wait_s / step_s:.1f}%")
     print(f"\nrun log:    {run_dir / 'run_log.jsonl'}\nplot:       {run_dir / 'reward.png'}"
           f"\nprovenance: {run_dir / 'provenance.json'}\nserver log: {server_log}")
     return 0

@@ -62,6 +62,7 @@ class ServerReward:
         self.calls: list[int] = []  # completions per Score call, for logs and tests
         self.masked = 0
         self.history: list[dict[str, float]] = []  # per-call component means
+        self.wait_s: list[float] = []  # wall time of each Score call (the trainer waits on it)
 
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[Any], extra_info_json: Sequence[str],
@@ -74,6 +75,7 @@ class ServerReward:
                            spec=spec_from_extra_info(e, t))
                  for i, (e, t) in enumerate(zip(extras, texts, strict=True))]
         self.calls.append(len(items))
+        start = time.perf_counter()
         try:
             results = self.client.score(items)
         except RewardCallError as e:
@@ -83,8 +85,10 @@ class ServerReward:
             logger.warning("reward masked for %d completions (%d so far): %s %s", len(items),
                            self.masked, e.code.name, e.details)
             return [None] * len(items)
+        finally:
+            self.wait_s.append(time.perf_counter() - start)
         rewards: list[float | None] = [r.reward for r in results]
-        stats: dict[str, list[float]] = {"policy_invalid": []}
+        stats: dict[str, list[float]] = {"policy_invalid": [], "wait_s": [self.wait_s[-1]]}
         for extra, r in zip(extras, results, strict=True):
             stats["policy_invalid"].append(1.0 if r.status is ItemStatus.POLICY_INVALID else 0.0)
             for key in COMPONENT_KEYS.get(str(extra.get("kind")), ()):
@@ -102,7 +106,7 @@ class ServerReward:
 
 def load_trl_dataset(path: Path) -> Any:
     """``trl_train.parquet`` written by ``trainer.data.prepare`` (or a folder holding it)."""
-    from datasets import Dataset  # type: ignore[import-untyped]
+    from datasets import Dataset
 
     path = Path(path)
     if path.is_dir():
@@ -115,7 +119,7 @@ def load_trl_dataset(path: Path) -> Any:
 def _log_callback(log_path: Path) -> Any:
     from transformers import TrainerCallback
 
-    class JsonlLog(TrainerCallback):
+    class JsonlLog(TrainerCallback):  # type: ignore[misc]
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs:
                 row = {"step": state.global_step, **{k: v for k, v in logs.items()
@@ -153,7 +157,7 @@ def plot_rewards(log_path: Path, png: Path) -> None:
 
 def run_trl(s: TrlRunSettings) -> dict[str, Any]:
     """Train; return ``{"trainer", "reward", "log", "plot", "provenance"}``."""
-    from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+    from trl import GRPOConfig, GRPOTrainer
 
     out = Path(s.output_dir)
     out.mkdir(parents=True, exist_ok=True)
