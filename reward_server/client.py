@@ -137,7 +137,7 @@ class AsyncRewardClient:
     ) -> d.InductionResult:
         request = pb.InduceRubricsRequest(
             history=[pb.HistoryItem(context=h.context, text=h.text) for h in history],
-            task=convert._TASK_OUT[task],
+            task=convert.task_to_proto(task),
             num_samples=num_samples,
             seed=seed,
         )

@@ -59,8 +59,12 @@ def _enum(table: Mapping[Any, V], value: int, where: str, name: str) -> V:
         raise InvalidRequest(f"{where}: unknown {name} value {value}; see reward.v1 {name}") from None
 
 
-def _task(value: int, where: str) -> d.Task:
+def task_from_proto(value: int, where: str) -> d.Task:
     return _enum(_TASK, value, f"{where}.task", "Task")
+
+
+def task_to_proto(task: d.Task) -> pb.Task:
+    return _TASK_OUT[task]
 
 
 def history_from_proto(items: Sequence[pb.HistoryItem]) -> tuple[d.HistoryItem, ...]:
@@ -78,7 +82,7 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
             context=r.context,
             text=r.text,
             rules=tuple(r.rules),
-            task=_task(r.task, f"{where}.rubric_score"),
+            task=task_from_proto(r.task, f"{where}.rubric_score"),
             aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),
         )
     if kind == "parl_reward":
@@ -94,7 +98,7 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
             target=d.HistoryItem(context=p.target.context, text=p.target.text),
             baselines=tuple(p.baselines),
             variant=variant,
-            task=_task(p.task, f"{where}.parl_reward"),
+            task=task_from_proto(p.task, f"{where}.parl_reward"),
         )
     if kind == "nli_constraints":
         n = msg.nli_constraints
@@ -130,7 +134,7 @@ def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> Non
                 context=spec.context,
                 text=spec.text,
                 rules=list(spec.rules),
-                task=_TASK_OUT[spec.task],
+                task=task_to_proto(spec.task),
                 aggregate=_AGGREGATE_OUT[spec.aggregate],
             )
         )
@@ -142,7 +146,7 @@ def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> Non
                 target=pb.HistoryItem(context=spec.target.context, text=spec.target.text),
                 baselines=list(spec.baselines),
                 variant=_VARIANT_OUT[spec.variant],
-                task=_TASK_OUT[spec.task],
+                task=task_to_proto(spec.task),
             )
         )
     else:

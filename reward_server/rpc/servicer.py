@@ -84,7 +84,7 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         self, request: pb.InduceRubricsRequest, context: Context
     ) -> pb.InduceRubricsResponse:
         async def work() -> pb.InduceRubricsResponse:
-            task = convert._task(request.task, "request")
+            task = convert.task_from_proto(request.task, "request")
             result = await self._service.induce_rubrics(
                 convert.history_from_proto(request.history),
                 task=task,
