@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from reward_server.backends.base import NLIPair
+from reward_server.backends.settings import TransformersNLISettings
 from reward_server.backends.tiny_models import build_tiny_nli_model
 from reward_server.backends.transformers_nli import TransformersNLI
-from reward_server.config import NLIBackendSettings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = make_pairs(tok, args.pairs, args.seed)
 
     def engine(quantize: bool, budget: int | None) -> TransformersNLI:
-        s = NLIBackendSettings(kind="transformers", model=model, device=args.device,
+        s = TransformersNLISettings(model=model, device=args.device,
                                token_budget=budget, quantize_int8=quantize)  # fmt: skip
         return TransformersNLI.from_settings(s)
 

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     judge = TransformersJudge(
         str(local_smollm2_path()),
         device="cpu",
-        max_batch_size=args.max_batch_size,
+        forward_batch_size=args.max_batch_size,
         prefix_cache_size=64,
         model_id="smollm2-local",
     )

@@ -7,12 +7,12 @@ gRPC + Ray Serve (engines as deployments, @serve.batch re-batching).
 
 Scenarios, each on the same items (half rubric_score -> judge, half nli_constraints -> NLI):
   (a) baseline: RewardService.score in-process, raw fake engines, 256-item calls in sequence
-  (b) gRPC -> in-process engines (coalescing), 64 concurrent single-item calls
+  (b) gRPC -> in-process engines (batched), 64 concurrent single-item calls
   (c) gRPC -> Ray Serve -> engines, 64 concurrent single-item calls
   (d) gRPC -> Ray Serve -> engines, 256-item calls, up to 64 concurrent
-(c) and (d) run twice: with the ingress's call coalescing off (every engine call the service
-makes is its own Ray call; only the replicas' @serve.batch batches) and on (the default,
-serving.coalesce_wait_ms=2: concurrent calls merged in the ingress before the Ray hop).
+(c) and (d) run twice: with the ingress batcher bypassed (every engine call the service makes
+is its own Ray call; only the replicas' @serve.batch joins queued calls) and on (the default:
+engines.<kind>.batching, wait_ms=2, merges concurrent calls before the Ray hop).
 Prints items/s, p50/p99 per call, the batch sizes the Ray replicas formed (from their own
 records), every result checked against its item, and the overhead ratios vs (a).
 """
@@ -34,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _workload import make_items, pct
 
 from reward_server import domain as d
-from reward_server.backends.factory import coalesced
+from reward_server.app import build_service, start_app
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.client import AsyncRewardClient
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.rpc.server import create_server
 from reward_server.service import RewardService
+
+FAKE = "engines={judge: {kind: fake}, nli: {kind: fake}}"
 
 Scorer = Callable[[Sequence[d.ScoreItem]], Awaitable[list[d.ItemResult]]]
 
@@ -85,7 +87,7 @@ async def run(
 
 
 async def grpc_scorer(config: RewardServerConfig, service: RewardService) -> tuple[Any, Any]:
-    server, port = create_server(config, service)
+    server, port = create_server(config.server, service)
     await server.start()
     client = AsyncRewardClient(f"127.0.0.1:{port}", timeout_s=600)
     return server, client
@@ -118,43 +120,42 @@ async def main() -> None:
     print(f"{args.items} items, concurrency {args.concurrency}, {os.cpu_count()} CPUs", flush=True)
 
     # (a) baseline
-    base_cfg = load_config(overrides=["server.port=0"], env={})
-    service = RewardService(base_cfg, judge=FakeJudge(), nli=FakeNLI())
+    service = RewardService(judge=FakeJudge(), nli=FakeNLI())
     a = await run("(a) in-process service, 256-item calls", service.score, items,
                   per_call=256, concurrency=1)
 
     # (b) gRPC -> in-process engines
-    judge, nli = coalesced(FakeJudge(), FakeNLI(), base_cfg)
-    server, client = await grpc_scorer(base_cfg, RewardService(base_cfg, judge=judge, nli=nli))
+    app = await start_app(load_config(overrides=["server.port=0", FAKE], env={}))
+    client = AsyncRewardClient(app.target, timeout_s=600)
     b = await run("(b) gRPC -> in-process engines, 1-item calls", client.score, items,
                   per_call=1, concurrency=args.concurrency)
     await client.close()
-    await server.stop(grace=1.0, drain_delay=0)
+    await app.stop(grace=1.0, drain_delay=0)
 
     # (c), (d) gRPC -> Ray Serve -> engines
     from reward_server.serving import start_engines
 
     ray_cfg = load_config(overrides=[
-        "server.port=0", "serving.mode=ray", "serving.app_prefix=bench",
-        f"serving.local_num_cpus={max(2, os.cpu_count() or 2)}",
-        "serving.judge.num_cpus=0", "serving.nli.num_cpus=0",
-        f"serving.judge.min_replicas={args.judge_replicas}",
-        f"serving.judge.max_replicas={args.judge_replicas}",
-        f"serving.nli.min_replicas={args.nli_replicas}",
-        f"serving.nli.max_replicas={args.nli_replicas}",
-        # throughput, not backpressure, is measured here: with coalescing off one 256-item
-        # Score call becomes ~256 engine calls, far past the default queue bound of 2048
-        "serving.judge.max_queued_requests=1000000", "serving.nli.max_queued_requests=1000000",
+        "server.port=0", FAKE, "serving.mode=ray", "serving.ray.app_prefix=bench",
+        f"serving.ray.local_num_cpus={max(2, os.cpu_count() or 2)}",
+        "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0",
+        f"serving.ray.judge.min_replicas={args.judge_replicas}",
+        f"serving.ray.judge.max_replicas={args.judge_replicas}",
+        f"serving.ray.nli.min_replicas={args.nli_replicas}",
+        f"serving.ray.nli.max_replicas={args.nli_replicas}",
+        # throughput, not backpressure, is measured here: with the batcher bypassed one
+        # 256-item Score call becomes ~256 engine calls, far past the default queue bound
+        "serving.ray.judge.max_queued_requests=1000000", "serving.ray.nli.max_queued_requests=1000000",
     ], env={})
-    engines = await asyncio.to_thread(start_engines, ray_cfg)
+    engines: Any = await asyncio.to_thread(start_engines, ray_cfg.engines, ray_cfg.serving)
     try:
         rows = {}
         assert engines.ray_nli is not None
         for coalesce in ("off", "on"):
             if coalesce == "off":
-                service = RewardService(ray_cfg, judge=engines.ray_judge, nli=engines.ray_nli)
+                service = RewardService(judge=engines.ray_judge, nli=engines.ray_nli)
             else:
-                service = RewardService(ray_cfg, judge=engines.judge, nli=engines.nli)
+                service = build_service(ray_cfg, engines)
             server, client = await grpc_scorer(ray_cfg, service)
             for label, per_call in (("1-item", 1), ("256-item", 256)):
                 before = {k: await engines.batch_stats(k) for k in ("judge", "nli")}
@@ -179,7 +180,7 @@ async def main() -> None:
     d_on, d_off = rows["(d) coalesce on"], rows["(d) coalesce off"]
     print(f"Ray hop, 1-item calls, coalescing on: throughput (b)/(c) x"
           f"{b['items_s'] / c_on['items_s']:.2f}, p50 latency (c)/(b) x{c_on['p50'] / b['p50']:.2f}")
-    print(f"ingress coalescing on vs off: 1-item calls x{c_on['items_s'] / c_off['items_s']:.2f}"
+    print(f"ingress batcher on vs off: 1-item calls x{c_on['items_s'] / c_off['items_s']:.2f}"
           f" items/s, 256-item calls x{d_on['items_s'] / d_off['items_s']:.2f} items/s")
 
 

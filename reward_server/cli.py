@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from reward_server import __version__
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError, RewardServerError
+from reward_server.eval import progress_bar
 
 logger = logging.getLogger("reward_server")
 
@@ -31,7 +32,8 @@ def _setup_logging(level: str, *, json_format: bool = False) -> None:
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", type=Path, help="YAML config file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set judge.kind=transformers (repeatable)")
+                   help="override a config field, e.g. --set engines.judge.model=smollm2-local "
+                   "(repeatable)")
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -45,54 +47,42 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()) -> RewardServerCo
 
 
 # ---------------------------------------------------------------------- serve
+FAKE_ENGINES = "engines={judge: {kind: fake}, nli: {kind: fake}}"
+
+
 async def _serve(config: RewardServerConfig) -> int:
-    from reward_server.backends.factory import build_judge, build_nli, coalesced
-    from reward_server.rpc.server import create_server
-    from reward_server.service import RewardService
+    from reward_server.app import start_app
 
-    ray_engines: Any = None
-    if config.serving.mode == "ray":
-        from reward_server.serving import start_engines
-
-        ray_engines = start_engines(config)
-        judge, nli = ray_engines.judge, ray_engines.nli
-    else:
-        judge = build_judge(config.judge)
-        nli = build_nli(config.nli_engine, judge=judge)
-        judge, nli = coalesced(judge, nli, config)
-    service = RewardService(config, judge=judge, nli=nli)
-    server, port = create_server(config, service)
-    if config.server.metrics_port is not None:
-        from reward_server.serving.metrics import start_metrics_server
-
-        start_metrics_server(config.server.metrics_port, addr=config.server.host)
-    await server.start()
-    server.install_signal_handlers()
-    logger.info("reward server %s listening on %s:%d (judge=%s, nli=%s, serving=%s)", __version__,
-                config.server.host, port, judge.model_id, nli.model_id, config.serving.mode)
-    print(f"listening on {config.server.host}:{port}", flush=True)
-    try:
-        await server.wait_for_termination()
-    finally:
-        if ray_engines is not None:
-            ray_engines.shutdown()
+    app = await start_app(config)
+    app.server.install_signal_handlers()
+    print(f"listening on {config.server.host}:{app.port}", flush=True)
+    await app.wait_for_termination()
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from reward_server.serving.engines import missing_engines
+
     extra = []
     if args.port is not None:
         extra.append(f"server.port={args.port}")
     if args.host is not None:
         extra.append(f"server.host={args.host}")
     if args.fake:
-        extra += ["judge.kind=fake", "nli_engine.kind=fake"]
+        extra.append(FAKE_ENGINES)
     if args.address is not None:
-        extra += ["serving.mode=ray", f"serving.ray_address={args.address}"]
+        extra += ["serving.mode=ray", f"serving.ray.address={args.address}"]
     if args.ray:
         extra.append("serving.mode=ray")
     config = _load(args, extra)
+    problem = missing_engines(config.engines, ("judge", "nli"))
+    if problem is not None:
+        print(f"error: reward-server serve: {problem}", file=sys.stderr)
+        return 2
     _setup_logging(config.logging.level, json_format=config.logging.json_format)
+    if config.engines.fake:
+        logger.warning("serving FAKE rewards: the engines are deterministic stand-ins, not models "
+                       "(Info reports fake_engines=true)")
     return asyncio.run(_serve(config))
 
 
@@ -129,7 +119,9 @@ def cmd_info(args: argparse.Namespace) -> int:
             return await c.info()
 
     info = asyncio.run(run())
-    print(json.dumps(info.__dict__, indent=2, default=dict))
+    import dataclasses
+
+    print(json.dumps(dataclasses.asdict(info), indent=2))
     return 0
 
 
@@ -154,12 +146,6 @@ class InputLineError(Exception):
     pass
 
 
-def _progress(total: int, enabled: bool) -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm ships with the server extra
-        return None
-    return tqdm(total=total, unit="item", file=sys.stderr, disable=not enabled)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -174,7 +160,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out: TextIO = sys.stdout if args.output is None else args.output.open("w", encoding="utf-8")
-    bar = _progress(len(numbered), len(numbered) >= args.progress_min)
+    bar = progress_bar(len(numbered), len(numbered) >= args.progress_min)
 
     async def run() -> int:
         async with _client(args) as c:
@@ -260,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--port", type=int, help="port to bind (0: any free port)")
     p.add_argument("--host", help="address to bind")
-    p.add_argument("--fake", action="store_true", help="use the deterministic fake engines")
+    p.add_argument("--fake", action="store_true",
+                   help="serve deterministic FAKE engines (no model; for trying the API)")
     p.add_argument("--ray", action="store_true", help="host engines on Ray Serve (local Ray)")
     p.add_argument("--address", help="join this Ray cluster (implies --ray)")
     p.set_defaults(fn=cmd_serve)
@@ -317,13 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_eval(eval_sub: Any) -> None:
-    for module in ("reward_server.rubric.cli", "reward_server.nli.cli"):
-        try:
-            mod = __import__(module, fromlist=["register"])
-        except ImportError as e:  # a science module without its CLI yet
-            logger.debug("eval commands of %s unavailable: %s", module, e)
-            continue
-        mod.register(eval_sub)
+    from reward_server.eval import nli as eval_nli
+    from reward_server.eval import parl as eval_parl
+
+    eval_parl.register(eval_sub)
+    eval_nli.register(eval_sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 
 class Task(str, enum.Enum):
-    """Which prompt family a rubric item belongs to (METHODS §1.6)."""
+    """Which prompt family a rubric item belongs to (docs/parl.md §6)."""
 
     GENERIC = "generic"
     AMAZON = "amazon"
@@ -22,7 +22,7 @@ class Task(str, enum.Enum):
 
 
 class ParlVariant(str, enum.Enum):
-    """PARL reward variant (METHODS §1.4)."""
+    """PARL reward variant (docs/parl.md §4)."""
 
     PARL_0 = "0"
     PARL_A = "A"
@@ -47,12 +47,22 @@ class NliRewardFunction(str, enum.Enum):
 
 
 class Regime(str, enum.Enum):
-    """NLICV confusion-matrix regime (METHODS §2.2)."""
+    """NLICV confusion-matrix regime (docs/nlicv.md §2)."""
 
     PERSONALIZATION = "personalization"
     GENERALIZATION = "generalization"
     SYCOPHANCY = "sycophancy"
     FAILURE = "failure"
+
+
+class RewardKind(str, enum.Enum):
+    """The reward kinds of a ScoreItem, spelled as the proto's ``oneof kind`` fields (the same
+    spelling in metrics labels, trainer ``extra_info`` and :mod:`reward_server.components`)."""
+
+    RUBRIC_SCORE = "rubric_score"
+    PARL_REWARD = "parl_reward"
+    NLI_CONSTRAINTS = "nli_constraints"
+    WEIGHTED = "weighted"
 
 
 class ItemStatus(str, enum.Enum):
@@ -122,6 +132,19 @@ class WeightedSpec:
 ItemSpec = RubricScoreSpec | ParlRewardSpec | NliConstraintsSpec | WeightedSpec
 
 
+_KIND_OF: dict[type, RewardKind] = {
+    RubricScoreSpec: RewardKind.RUBRIC_SCORE,
+    ParlRewardSpec: RewardKind.PARL_REWARD,
+    NliConstraintsSpec: RewardKind.NLI_CONSTRAINTS,
+    WeightedSpec: RewardKind.WEIGHTED,
+}
+
+
+def kind_of(spec: ItemSpec) -> RewardKind:
+    """The reward kind of an item spec."""
+    return _KIND_OF[type(spec)]
+
+
 @dataclass(frozen=True)
 class ScoreItem:
     item_id: str
@@ -133,11 +156,12 @@ class RewardOutcome:
     """What a science module returns for one leaf item.
 
     ``policy_invalid`` is set (with a human-readable reason) when the policy's output was
-    malformed; ``reward`` then holds the configured penalty. A failed judge or verifier is an
+    malformed; the science then leaves ``reward`` None and the service gives the item the
+    configured penalty (``service.policy_invalid_penalty``). A failed judge or verifier is an
     exception, never an outcome.
     """
 
-    reward: float
+    reward: float | None
     components: Mapping[str, float] = field(default_factory=dict)
     policy_invalid: str | None = None
 
@@ -178,7 +202,7 @@ class EvidencePair:
 
 @dataclass(frozen=True)
 class ConstraintEvidence:
-    """Sentence-level evidence for one constraint (METHODS §2.4)."""
+    """Sentence-level evidence for one constraint (docs/nlicv.md §4)."""
 
     constraint: str  # "correct" | "aligned"
     score: float
@@ -199,6 +223,14 @@ class Verification:
 
 
 @dataclass(frozen=True)
+class ComponentInfo:
+    """One reward component: its name in ``ItemResult.components`` and what it measures."""
+
+    name: str
+    meaning: str
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     api_version: str
     server_version: str
@@ -206,3 +238,5 @@ class ServerInfo:
     nli_model: str
     template_versions: Mapping[str, str]
     settings: Mapping[str, str]
+    components: Mapping[str, tuple[ComponentInfo, ...]] = field(default_factory=dict)
+    fake_engines: bool = False

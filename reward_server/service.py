@@ -1,7 +1,9 @@
 """Orchestration: validate, fan out to the science modules, aggregate. Transport- and Ray-agnostic.
 
 The service sees engines only through the protocols of :mod:`reward_server.backends.base`; whether
-they run in this process or as Ray Serve deployments is the hosting layer's business.
+they run in this process or as Ray Serve deployments is the hosting layer's business. Semantic
+validation of a request happens here and nowhere else (structure is checked by the transport's
+conversion; the science modules take validated input).
 """
 
 from __future__ import annotations
@@ -11,15 +13,40 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import cast
 
-from reward_server import API_VERSION, __version__, nli, rubric
+from pydantic import BaseModel, ConfigDict, Field
+
+from reward_server import API_VERSION, __version__, components, nli, rubric
 from reward_server import domain as d
 from reward_server.backends.base import JudgeEngine, NLIEngine
-from reward_server.config import RewardServerConfig
 from reward_server.errors import BackendUnavailable, InvalidRequest
+from reward_server.nli.settings import NLISettings
+from reward_server.rubric.settings import RubricSettings
 
 logger = logging.getLogger(__name__)
+
+
+class Limits(BaseModel):
+    """What one request may carry; more is refused with INVALID_ARGUMENT naming the field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_batch_items: int = Field(1024, ge=1, description="Most items one Score call may carry.")
+    max_text_chars: int = Field(
+        32768, ge=1, description="Longest text field (characters) an item may carry."
+    )
+
+
+class ServiceSettings(BaseModel):
+    """Request limits and the penalty of a malformed policy output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy_invalid_penalty: float = Field(
+        0.0, description="Reward of an item whose policy output is malformed (empty, over-long, "
+        "or for PARL an unparsable rubric); the item's status is POLICY_INVALID. PARL's value: 0."
+    )
+    limits: Limits = Field(default_factory=Limits)
 
 
 class _PolicyInvalid(Exception):
@@ -34,10 +61,22 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 class RewardService:
     """The four API operations over a judge engine and an NLI engine."""
 
-    def __init__(self, config: RewardServerConfig, *, judge: JudgeEngine, nli: NLIEngine) -> None:
-        self.config = config
+    def __init__(
+        self,
+        *,
+        judge: JudgeEngine,
+        nli: NLIEngine,
+        settings: ServiceSettings | None = None,
+        rubric_settings: RubricSettings | None = None,
+        nli_settings: NLISettings | None = None,
+        fake_engines: bool = False,
+    ) -> None:
         self.judge = judge
         self.nli = nli
+        self.settings = settings or ServiceSettings()
+        self.rubric = rubric_settings or RubricSettings()
+        self.nlicv = nli_settings or NLISettings()
+        self.fake_engines = fake_engines
 
     # ------------------------------------------------------------------ Score
     async def score(self, items: Sequence[d.ScoreItem]) -> list[d.ItemResult]:
@@ -56,12 +95,12 @@ class RewardService:
         return [t.result() for t in tasks]
 
     def _validate_batch(self, items: Sequence[d.ScoreItem]) -> None:
-        limit = self.config.server.max_batch_items
+        limit = self.settings.limits.max_batch_items
         if not items:
             raise InvalidRequest("items: the batch is empty; send at least one item")
         if len(items) > limit:
             raise InvalidRequest(
-                f"items: {len(items)} items exceed server.max_batch_items={limit}; "
+                f"items: {len(items)} items exceed service.limits.max_batch_items={limit}; "
                 "split the batch or raise the limit"
             )
         seen: dict[str, int] = {}
@@ -77,10 +116,10 @@ class RewardService:
     def _text(self, value: str, where: str, *, required: bool = True) -> None:
         if required and not value.strip():
             raise InvalidRequest(f"{where}: must not be empty")
-        limit = self.config.server.max_text_chars
+        limit = self.settings.limits.max_text_chars
         if len(value) > limit:
             raise InvalidRequest(
-                f"{where}: {len(value)} characters exceed server.max_text_chars={limit}"
+                f"{where}: {len(value)} characters exceed service.limits.max_text_chars={limit}"
             )
 
     def _validate_spec(self, spec: d.ItemSpec, where: str) -> None:
@@ -130,7 +169,7 @@ class RewardService:
     def _check_policy_text(self, value: str, field: str) -> None:
         if not value.strip():
             raise _PolicyInvalid(f"{field} is empty")
-        limit = self.config.server.max_text_chars
+        limit = self.settings.limits.max_text_chars
         if len(value) > limit:
             raise _PolicyInvalid(f"{field} has {len(value)} characters, over {limit}")
 
@@ -138,19 +177,21 @@ class RewardService:
         try:
             if isinstance(spec, d.RubricScoreSpec):
                 self._check_policy_text(spec.text, "rubric_score.text")
-                return await rubric.score_rubric(self.judge, spec, self.config.rubric)
-            if isinstance(spec, d.ParlRewardSpec):
+                outcome = await rubric.score_rubric(self.judge, spec, self.rubric)
+            elif isinstance(spec, d.ParlRewardSpec):
                 self._check_policy_text(spec.policy_output, "parl_reward.policy_output")
-                return await rubric.parl_reward(self.judge, spec, self.config.rubric)
-            self._check_policy_text(spec.response, "nli_constraints.response")
-            return await nli.nli_constraints_reward(self.nli, spec, self.config.nli)
+                outcome = await rubric.parl_reward(self.judge, spec, self.rubric)
+            else:
+                self._check_policy_text(spec.response, "nli_constraints.response")
+                outcome = await nli.nli_constraints_reward(self.nli, spec, self.nlicv)
         except _PolicyInvalid as e:
-            penalty = (
-                self.config.rubric.invalid_floor
-                if isinstance(spec, d.ParlRewardSpec)
-                else self.config.server.policy_invalid_penalty
-            )
-            return d.RewardOutcome(reward=penalty, policy_invalid=str(e))
+            outcome = d.RewardOutcome(reward=None, policy_invalid=str(e))
+        if outcome.policy_invalid is not None:
+            penalty = self.settings.policy_invalid_penalty
+            return d.RewardOutcome(penalty, outcome.components, outcome.policy_invalid)
+        if outcome.reward is None:  # pragma: no cover - science contract
+            raise RuntimeError(f"{d.kind_of(spec).value}: no reward and no policy_invalid reason")
+        return outcome
 
     async def _score_item(self, item: d.ScoreItem) -> d.ItemResult:
         start = time.perf_counter()
@@ -158,7 +199,7 @@ class RewardService:
             outcome = await self._weighted(item.spec)
         else:
             outcome = await self._leaf(item.spec)
-        if not math.isfinite(outcome.reward):
+        if outcome.reward is None or not math.isfinite(outcome.reward):
             raise RuntimeError(f"item {item.item_id!r}: the reward came out as {outcome.reward}")
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         return d.ItemResult(
@@ -172,12 +213,13 @@ class RewardService:
 
     async def _weighted(self, spec: d.WeightedSpec) -> d.RewardOutcome:
         outcomes = await asyncio.gather(*(self._leaf(p.spec) for p in spec.parts))
+        rewards = [float(o.reward) if o.reward is not None else math.nan for o in outcomes]
         total_w = sum(p.weight for p in spec.parts)
-        reward = sum(p.weight * o.reward for p, o in zip(spec.parts, outcomes, strict=True)) / total_w
+        reward = sum(p.weight * r for p, r in zip(spec.parts, rewards, strict=True)) / total_w
         components: dict[str, float] = {}
         invalid: list[str] = []
         for j, (part, o) in enumerate(zip(spec.parts, outcomes, strict=True)):
-            components[f"part{j}.reward"] = o.reward
+            components[f"part{j}.reward"] = rewards[j]
             components[f"part{j}.weight"] = part.weight
             components.update({f"part{j}.{k}": v for k, v in o.components.items()})
             if o.policy_invalid:
@@ -201,7 +243,7 @@ class RewardService:
             self.judge,
             history=history,
             task=task,
-            settings=self.config.rubric,
+            settings=self.rubric,
             num_samples=num_samples or None,
             seed=seed,
         )
@@ -219,26 +261,28 @@ class RewardService:
             answer=answer,
             preference=preference,
             evidence=evidence,
-            settings=self.config.nli,
+            settings=self.nlicv,
         )
 
     # ------------------------------------------------------------------- Info
     def info(self) -> d.ServerInfo:
-        r, n = self.config.rubric, self.config.nli
+        r, n, lim = self.rubric, self.nlicv, self.settings.limits
         templates = {**rubric.template_versions(r), **nli.template_versions(n)}
         settings = {
             "rubric.threshold": str(r.threshold),
             "rubric.reward_lambda": str(r.reward_lambda),
             "rubric.margin_k": str(r.margin_k),
             "rubric.cardinality": r.cardinality,
-            "rubric.invalid_floor": str(r.invalid_floor),
             "rubric.format_floor": str(r.format_floor),
             "rubric.rule_bounds": f"{r.min_rules}..{r.max_rules}",
             "rubric.history_limit": str(r.history_limit),
             "nli.threshold": str(n.threshold),
             "nli.long_premise": n.long_premise,
             "nli.default_reward_function": n.default_reward_function.value,
-            "server.policy_invalid_penalty": str(self.config.server.policy_invalid_penalty),
+            "service.policy_invalid_penalty": str(self.settings.policy_invalid_penalty),
+            "service.limits.max_batch_items": str(lim.max_batch_items),
+            "service.limits.max_text_chars": str(lim.max_text_chars),
+            "engines.fake": str(self.fake_engines).lower(),
         }
         return d.ServerInfo(
             api_version=API_VERSION,
@@ -247,9 +291,6 @@ class RewardService:
             nli_model=self.nli.model_id,
             template_versions=templates,
             settings=settings,
+            components=components.info(),
+            fake_engines=self.fake_engines,
         )
-
-    async def close(self) -> None:
-        await self.judge.close()
-        if cast(object, self.nli) is not self.judge:
-            await self.nli.close()

@@ -73,9 +73,13 @@ def run(preset: str, overrides: Sequence[str] = ()) -> None:
     add_external_module(config)
     runner: Any
     if config.trainer.use_v1:
-        from verl.trainer.main_ppo import TaskRunnerV1 as runner
+        from verl.trainer import main_ppo
+
+        runner = main_ppo.TaskRunnerV1
     else:  # verl's legacy trainer (trainer.use_v1=false)
-        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+        from verl.trainer import main_ppo_v0
+
+        runner = main_ppo_v0.TaskRunner
     logger.info("verl preset %s, reward fn %s, reward kwargs %s", preset,
                 config.reward.custom_reward_function.path,
                 dict(config.reward.custom_reward_function.reward_kwargs))

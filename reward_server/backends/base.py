@@ -1,7 +1,9 @@
 """Protocols every engine implements. Async, batch in -> batch out, results in input order.
 
 Engines raise :class:`reward_server.errors.BackendUnavailable` (or let another exception
-propagate) when they cannot answer; they never return a made-up number.
+propagate) when they cannot answer; they never return a made-up number. ``health()`` says
+whether the engine can answer now; the hosting layer aggregates it and the gRPC health
+service follows it.
 """
 
 from __future__ import annotations
@@ -12,22 +14,26 @@ from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
-class JudgePrompt:
-    """One yes/no question to the judge about (context, text, rule).
+class Health:
+    """Whether an engine can answer now, and if not, why (for logs and health checks)."""
 
-    ``system``, ``prefix`` and ``suffix`` are the rendered prompt: the chat's system message and
-    the user message split in two, ``prefix`` ending right after the text block (shared by every
-    rule judged on the same text) and ``suffix`` holding the rubric block and the question.
-    LLM engines use only the rendered fields; ``context``, ``text`` and ``rule`` are the
-    structured triple the prompt was rendered from (deterministic fakes judge from it).
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class JudgePrompt:
+    """One yes/no question to the judge, rendered: the chat's system message and the user
+    message split in two. ``prefix`` ends right after the text block (shared by every rule
+    judged on the same text, so its KV can be reused) and ``suffix`` holds the question.
+
+    Prompts are Markdown blocks (``## Heading`` lines): the text judged is the prefix's last
+    block and the criterion the suffix's first block (the fake judge reads them so).
     """
 
     system: str
     prefix: str
     suffix: str
-    context: str
-    text: str
-    rule: str
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class JudgeEngine(Protocol):
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         """One completion per request, in order."""
         ...
+
+    async def health(self) -> Health: ...
 
     async def close(self) -> None: ...
 
@@ -86,10 +94,12 @@ class NLIEngine(Protocol):
         """Most tokens one (premise, hypothesis) pair may take before truncation."""
         ...
 
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
+    async def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text takes on its own (no special tokens); for windowing policies."""
         ...
 
     async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]: ...
+
+    async def health(self) -> Health: ...
 
     async def close(self) -> None: ...

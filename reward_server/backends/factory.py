@@ -1,4 +1,8 @@
-"""Build engines from settings. Heavy engines are imported only when asked for."""
+"""Build one engine from its settings. Heavy engines are imported only when asked for.
+
+The hosting layer (:mod:`reward_server.serving`) calls these in the server process or inside a
+Ray Serve replica; nothing else builds engines.
+"""
 
 from __future__ import annotations
 
@@ -6,69 +10,57 @@ import logging
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.fake import FakeJudge, FakeNLI
-from reward_server.config import JudgeBackendSettings, NLIBackendSettings, RewardServerConfig
+from reward_server.backends.settings import (
+    FakeJudgeSettings,
+    FakeNLISettings,
+    JudgeNLISettings,
+    JudgeSettings,
+    NLIEngineSettings,
+    OpenAIJudgeSettings,
+    TransformersJudgeSettings,
+    TransformersNLISettings,
+    VLLMJudgeSettings,
+)
 from reward_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 
-def _set_threads(n: int | None) -> None:
-    if n is not None:
-        import torch
-
-        torch.set_num_threads(n)
-        logger.info("torch intra-op threads set to %d", n)
-
-
-def build_judge(settings: JudgeBackendSettings) -> JudgeEngine:
+def build_judge(settings: JudgeSettings) -> JudgeEngine:
     """The judge engine named by ``settings.kind`` (loads its model; may take a while)."""
-    logger.info("building judge engine kind=%s model=%s", settings.kind, settings.model)
-    if settings.kind == "fake":
-        return FakeJudge()
-    if settings.kind == "transformers":
+    logger.info("building judge engine kind=%s", settings.kind)
+    if isinstance(settings, FakeJudgeSettings):
+        return FakeJudge(latency_s=settings.latency_s, model_id=settings.model_id)
+    if isinstance(settings, TransformersJudgeSettings):
         from reward_server.backends.transformers_judge import TransformersJudge
 
-        _set_threads(settings.num_threads)
         return TransformersJudge.from_settings(settings)
-    if settings.kind == "vllm":
+    if isinstance(settings, VLLMJudgeSettings):
         from reward_server.backends.vllm_judge import VLLMJudge
 
         return VLLMJudge.from_settings(settings)
-    if settings.kind == "openai":
+    if isinstance(settings, OpenAIJudgeSettings):
         from reward_server.backends.openai_judge import OpenAIJudge
 
         return OpenAIJudge.from_settings(settings)
-    raise ConfigError(f"judge.kind={settings.kind!r} is unknown; use fake|transformers|vllm|openai")
+    raise ConfigError(f"engines.judge.kind={settings.kind!r} is unknown")  # pragma: no cover
 
 
-def build_nli(settings: NLIBackendSettings, *, judge: JudgeEngine | None = None) -> NLIEngine:
-    """The NLI engine named by ``settings.kind``; ``judge`` is needed for kind ``judge``."""
-    logger.info("building NLI engine kind=%s model=%s", settings.kind, settings.model)
-    if settings.kind == "fake":
-        return FakeNLI(max_length=settings.max_length)
-    if settings.kind == "transformers":
+def build_nli(settings: NLIEngineSettings, *, judge: JudgeEngine | None = None) -> NLIEngine:
+    """The NLI engine named by ``settings.kind``; kind ``judge`` wraps ``judge``."""
+    logger.info("building NLI engine kind=%s", settings.kind)
+    if isinstance(settings, FakeNLISettings):
+        return FakeNLI(
+            max_length=settings.max_length, latency_s=settings.latency_s, model_id=settings.model_id
+        )
+    if isinstance(settings, TransformersNLISettings):
         from reward_server.backends.transformers_nli import TransformersNLI
 
-        _set_threads(settings.num_threads)
         return TransformersNLI.from_settings(settings)
-    if settings.kind == "judge":
+    if isinstance(settings, JudgeNLISettings):
         if judge is None:
-            raise ConfigError("nli_engine.kind=judge needs a judge engine (set judge.kind)")
+            raise ConfigError("engines.nli.kind=judge needs a judge engine (set engines.judge)")
         from reward_server.backends.judge_nli import JudgeAsNLI
 
         return JudgeAsNLI(judge, max_length=settings.max_length)
-    raise ConfigError(f"nli_engine.kind={settings.kind!r} is unknown; use fake|transformers|judge")
-
-
-def coalesced(
-    judge: JudgeEngine, nli: NLIEngine, config: RewardServerConfig
-) -> tuple[JudgeEngine, NLIEngine]:
-    """Wrap in-process engines so concurrent calls merge into batches (coalesce_wait_ms > 0)."""
-    from reward_server.backends.batching import CoalescingJudge, CoalescingNLI
-
-    j, n = config.judge, config.nli_engine
-    if j.coalesce_wait_ms > 0:
-        judge = CoalescingJudge(judge, max_batch=j.coalesce_max_items, max_wait_s=j.coalesce_wait_ms / 1000)
-    if n.coalesce_wait_ms > 0:
-        nli = CoalescingNLI(nli, max_batch=n.coalesce_max_items, max_wait_s=n.coalesce_wait_ms / 1000)
-    return judge, nli
+    raise ConfigError(f"engines.nli.kind={settings.kind!r} is unknown")  # pragma: no cover

@@ -1,11 +1,13 @@
 """Deterministic engines that really implement the protocols: for tests, demos and benchmarks.
 
 FakeJudge
-    ``p_yes(context, text, rule) = 0.02 + 0.96 * covered / len(terms)`` where ``terms`` are the
-    rule's key terms: the phrases it quotes (``"..."`` or ``'...'``) if it quotes any, otherwise
-    its words of five or more letters that are not stop words; ``covered`` counts the terms found
-    in the text (case-insensitive, whole words). A rule with no key term gets 0.5 (undecided,
-    hence not satisfied). The context is ignored.
+    Reads the judged text and the rule from the rendered prompt (:class:`JudgePrompt`: the body
+    of the prefix's last ``## `` block, and the suffix's first block up to its first blank
+    line), then ``p_yes = 0.02 + 0.96 * covered / len(terms)`` where ``terms`` are the rule's key
+    terms: the phrases it quotes (``"..."`` or ``'...'``) if it quotes any, otherwise its words
+    of five or more letters that are not stop words; ``covered`` counts the terms found in the
+    text (case-insensitive, whole words). A rule with no key term gets 0.5 (undecided, hence not
+    satisfied). The context block is ignored.
 
     ``generate`` returns ``scripted[seed % len(scripted)]`` when scripted outputs were given;
     otherwise a JSON array of ten rules ``The text uses the word "w".`` whose words ``w`` are the
@@ -18,6 +20,9 @@ FakeNLI
     else ``0.02``; ``0.0`` when either side has no content word. Token counts are word counts;
     a pair longer than ``max_length`` words is reported truncated and judged on its first
     ``max_length`` words.
+
+Both fakes can be made to fail (``fail_with = SomeError(...)``): every call then raises it and
+``health()`` reports the engine down, until ``fail_with`` is reset to None.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 
-from reward_server.backends.base import GenerationRequest, JudgePrompt, NLIPair, NLIScore
+from reward_server.backends.base import GenerationRequest, Health, JudgePrompt, NLIPair, NLIScore
 
 STOP_WORDS = frozenset(
     """a an and are as at be but by for from has have he her his i if in into is it its of on or
@@ -39,6 +44,25 @@ STOP_WORDS = frozenset(
 _QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_HEADING = re.compile(r"^## .*$", re.MULTILINE)
+_BATCH_LOG = 100_000
+
+
+def blocks(rendered: str) -> list[str]:
+    """Bodies of the ``## `` blocks of a rendered prompt part, in order (stripped)."""
+    heads = list(_HEADING.finditer(rendered))
+    return [
+        rendered[h.end() : heads[k + 1].start() if k + 1 < len(heads) else len(rendered)].strip()
+        for k, h in enumerate(heads)
+    ]
+
+
+def text_and_rule(prompt: JudgePrompt) -> tuple[str, str]:
+    """What FakeJudge judges: (text, rule) read back from a rendered prompt."""
+    pre, suf = blocks(prompt.prefix), blocks(prompt.suffix)
+    text = pre[-1] if pre else prompt.prefix.strip()
+    rule = (suf[0] if suf else prompt.suffix.strip()).split("\n\n", 1)[0]
+    return text, rule
 
 
 def _words(text: str) -> list[str]:
@@ -83,22 +107,35 @@ class FakeJudge:
         self._scripted = tuple(scripted) if scripted else ()
         self._latency_s = latency_s
         self._model_id = model_id
-        self.batch_sizes: list[int] = []  # one entry per p_yes call, for tests and benchmarks
+        self.fail_with: BaseException | None = None
+        # items per p_yes call (the latest ones), for tests and benchmarks
+        self.batch_sizes: deque[int] = deque(maxlen=_BATCH_LOG)
 
     @property
     def model_id(self) -> str:
         return self._model_id
 
+    def _check(self) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+
     async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        self._check()
         self.batch_sizes.append(len(prompts))
         if self._latency_s:
             await asyncio.sleep(self._latency_s)
-        return [fake_p_yes(p.text, p.rule) for p in prompts]
+        return [fake_p_yes(*text_and_rule(p)) for p in prompts]
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        self._check()
         if self._latency_s:
             await asyncio.sleep(self._latency_s)
         return [self._generate_one(r) for r in requests]
+
+    async def health(self) -> Health:
+        if self.fail_with is not None:
+            return Health(False, f"{self._model_id}: {type(self.fail_with).__name__}: {self.fail_with}")
+        return Health(True)
 
     def _generate_one(self, request: GenerationRequest) -> str:
         seed = request.seed or 0
@@ -133,7 +170,8 @@ class FakeNLI:
         self._max_length = max_length
         self._latency_s = latency_s
         self._model_id = model_id
-        self.batch_sizes: list[int] = []
+        self.fail_with: BaseException | None = None
+        self.batch_sizes: deque[int] = deque(maxlen=_BATCH_LOG)
 
     @property
     def model_id(self) -> str:
@@ -143,7 +181,7 @@ class FakeNLI:
     def max_length(self) -> int:
         return self._max_length
 
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
+    async def token_counts(self, texts: Sequence[str]) -> list[int]:
         return [len(t.split()) for t in texts]
 
     def _score(self, pair: NLIPair) -> NLIScore:
@@ -160,10 +198,17 @@ class FakeNLI:
         return NLIScore(0.98 if hyp <= prem else 0.02, truncated)
 
     async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
+        if self.fail_with is not None:
+            raise self.fail_with
         self.batch_sizes.append(len(pairs))
         if self._latency_s:
             await asyncio.sleep(self._latency_s)
         return [self._score(p) for p in pairs]
+
+    async def health(self) -> Health:
+        if self.fail_with is not None:
+            return Health(False, f"{self._model_id}: {type(self.fail_with).__name__}: {self.fail_with}")
+        return Health(True)
 
     async def close(self) -> None:
         return None

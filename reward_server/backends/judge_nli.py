@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from reward_server.backends.base import JudgeEngine, JudgePrompt, NLIPair, NLIScore
+from reward_server.backends.base import Health, JudgeEngine, JudgePrompt, NLIPair, NLIScore
 
 logger = logging.getLogger(__name__)
 
@@ -23,19 +23,19 @@ SYSTEM = (
     "hypothesis: in every situation where the premise is true, the hypothesis is also true. "
     "Answer only yes or no."
 )
-PREFIX = "Premise:\n{premise}\n\n"
-SUFFIX = "Hypothesis:\n{hypothesis}\n\nDoes the premise entail the hypothesis? Answer yes or no."
+# The prefix ends on the premise's last character and the suffix starts with the newlines, so
+# the split falls on a pre-tokenizer boundary (as in the rubric judge prompt).
+PREFIX = "## Premise\n{premise}"
+SUFFIX = "\n\n## Hypothesis\n{hypothesis}\n\nDoes the premise entail the hypothesis? Answer yes or no."
+TEMPLATE_VERSION = "judge-nli-v2"
 
 
 def nli_prompt(pair: NLIPair) -> JudgePrompt:
     """The yes/no judge prompt for one (premise, hypothesis) pair."""
     return JudgePrompt(
         system=SYSTEM,
-        prefix=PREFIX.format(premise=pair.premise),
-        suffix=SUFFIX.format(hypothesis=pair.hypothesis),
-        context="",
-        text=pair.premise,
-        rule=pair.hypothesis,
+        prefix=PREFIX.format(premise=pair.premise.strip()),
+        suffix=SUFFIX.format(hypothesis=pair.hypothesis.strip()),
     )
 
 
@@ -55,7 +55,7 @@ class JudgeAsNLI:
     def max_length(self) -> int:
         return self._max_length
 
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
+    async def token_counts(self, texts: Sequence[str]) -> list[int]:
         return [len(t.split()) for t in texts]
 
     async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
@@ -63,6 +63,9 @@ class JudgeAsNLI:
             return []
         p_yes = await self._judge.p_yes([nli_prompt(p) for p in pairs])
         return [NLIScore(float(p)) for p in p_yes]
+
+    async def health(self) -> Health:
+        return await self._judge.health()
 
     async def close(self) -> None:
         """The judge is shared and owned by the caller; closing this engine leaves it open."""

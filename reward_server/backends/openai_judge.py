@@ -19,41 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from reward_server.backends.base import GenerationRequest, JudgePrompt
+from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
+from reward_server.backends.settings import OpenAIJudgeSettings
+from reward_server.backends.yes_no import chat_messages, fold_by_text, p_yes
 from reward_server.errors import BackendUnavailable, ModelLoadError
-
-if TYPE_CHECKING:
-    from reward_server.config import JudgeBackendSettings
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-def _logsumexp(xs: Sequence[float]) -> float:
-    m = max(xs)
-    return m + math.log(sum(math.exp(x - m) for x in xs))
-
-
-def fold_answer_logprobs(entries: Sequence[tuple[str, float]]) -> tuple[float | None, float | None]:
-    """(l_yes, l_no) folded over tokens whose stripped lowercase form is yes / no."""
-    yes = [lp for tok, lp in entries if tok.strip().lower() == "yes"]
-    no = [lp for tok, lp in entries if tok.strip().lower() == "no"]
-    return (_logsumexp(yes) if yes else None, _logsumexp(no) if no else None)
-
-
-def p_from_logprobs(l_yes: float, l_no: float) -> float:
-    d = l_yes - l_no
-    return 1.0 / (1.0 + math.exp(-d)) if d >= 0 else math.exp(d) / (1.0 + math.exp(d))
-
-
-def chat_messages(system: str, user: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+_HEALTH_TTL_S = 5.0
 
 
 def judge_payload(model: str, prompt: JudgePrompt, *, top_logprobs: int) -> dict[str, Any]:
@@ -111,28 +90,28 @@ class OpenAIJudge:
         self._top = top_logprobs
         self._ids = {"yes": list(yes_token_ids), "no": list(no_token_ids)}
         self._backoff = backoff_s
+        self._health: tuple[float, Health] | None = None
 
     @classmethod
-    def from_settings(cls, settings: JudgeBackendSettings) -> OpenAIJudge:
-        if not settings.base_url:
-            raise ModelLoadError("judge.kind=openai needs judge.base_url, e.g. http://host:8000/v1")
+    def from_settings(cls, settings: OpenAIJudgeSettings) -> OpenAIJudge:
         yes: list[int] = []
         no: list[int] = []
+        tokenizer = settings.tokenizer or settings.model
         try:  # best effort: the ids for the forcing request
             from transformers import AutoTokenizer
 
-            from reward_server.backends.transformers_judge import answer_token_ids
+            from reward_server.backends.yes_no import yes_no_ids
 
-            tok = AutoTokenizer.from_pretrained(settings.model)
-            yes, no = answer_token_ids(tok, "yes"), answer_token_ids(tok, "no")
+            yes, no = yes_no_ids(AutoTokenizer.from_pretrained(tokenizer))
         except Exception as e:
-            logger.warning("no local tokenizer for %s (%s): a missing yes/no logprob will fail", settings.model, e)
+            logger.warning("no local tokenizer %s (%s): a missing yes/no logprob will fail", tokenizer, e)
         return cls(
             settings.base_url,
             settings.model,
             api_key=os.environ.get(settings.api_key_env),
             max_concurrency=settings.max_concurrency,
             timeout_s=settings.request_timeout_s,
+            max_retries=settings.max_retries,
             yes_token_ids=yes,
             no_token_ids=no,
         )
@@ -169,7 +148,7 @@ class OpenAIJudge:
 
     async def _one(self, prompt: JudgePrompt) -> float:
         payload = judge_payload(self._model, prompt, top_logprobs=self._top)
-        l_yes, l_no = fold_answer_logprobs(response_entries(await self._post("/chat/completions", payload)))
+        l_yes, l_no = fold_by_text(response_entries(await self._post("/chat/completions", payload)))
         found = {"yes": l_yes, "no": l_no}
         for side in ("yes", "no"):
             if found[side] is not None:
@@ -181,7 +160,7 @@ class OpenAIJudge:
                     "local tokenizer)"
                 )
             forced = dict(payload, allowed_token_ids=self._ids[side])
-            found[side] = fold_answer_logprobs(response_entries(await self._post("/chat/completions", forced)))[
+            found[side] = fold_by_text(response_entries(await self._post("/chat/completions", forced)))[
                 0 if side == "yes" else 1
             ]
             if found[side] is None:
@@ -189,7 +168,7 @@ class OpenAIJudge:
                     f"judge endpoint gave no logprob for {side!r} even when restricted to its tokens"
                 )
         assert found["yes"] is not None and found["no"] is not None
-        return p_from_logprobs(found["yes"], found["no"])
+        return p_yes(found["yes"], found["no"])
 
     async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
         return list(await asyncio.gather(*(self._one(p) for p in prompts)))
@@ -212,6 +191,21 @@ class OpenAIJudge:
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         return list(await asyncio.gather(*(self._gen(r) for r in requests)))
+
+    async def health(self) -> Health:
+        """``GET {base_url}/models`` answered 200 (cached for a few seconds)."""
+        import httpx
+
+        now = time.monotonic()
+        if self._health is not None and now - self._health[0] < _HEALTH_TTL_S:
+            return self._health[1]
+        try:
+            resp = await self._client.get("/models", timeout=2.0)
+            h = Health(resp.status_code == 200, f"GET /models: HTTP {resp.status_code}")
+        except httpx.HTTPError as e:
+            h = Health(False, f"judge endpoint {self._client.base_url} unreachable: {type(e).__name__}")
+        self._health = (now, Health(h.ok, "" if h.ok else h.detail))
+        return self._health[1]
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -79,6 +79,13 @@ def local_smollm2_path(cache_dir: Path | None = None) -> Path:
     return target
 
 
+def resolve_model(model: str) -> tuple[str, str | None]:
+    """(what to load, model id to report): ``smollm2-local`` becomes the converted folder."""
+    if model == LOCAL_MODEL_ALIAS:
+        return str(local_smollm2_path()), LOCAL_MODEL_ALIAS
+    return model, None
+
+
 def _convert(gguf: Path, out: Path) -> None:
     try:
         import torch

@@ -1,8 +1,8 @@
 """Judge engine on a transformers causal LM, with an explicit prefix KV cache.
 
-p_yes is exact: the next-token logits after the rendered chat prompt, folded over the tokens
-of the answer words (``yes``/``Yes``/`` yes``/`` Yes`` and the same for ``no``, where they are
-single tokens): ``l_yes = logsumexp(logits[yes ids])``, ``p_yes = sigmoid(l_yes - l_no)``.
+p_yes is exact: the next-token logits after the rendered chat prompt, folded over the answer
+tokens of :mod:`reward_server.backends.yes_no`: ``l_yes = logsumexp(logits[yes ids])``,
+``p_yes = sigmoid(l_yes - l_no)``.
 
 Prefix sharing: the chat-rendered prompt is split right after ``JudgePrompt.prefix`` (system
 message + context + text). Each distinct prefix is run once; its KV is kept in a bounded LRU
@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from reward_server.backends.base import GenerationRequest, JudgePrompt
+from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
+from reward_server.backends.settings import TransformersJudgeSettings
+from reward_server.backends.torch_device import resolve_device, resolve_dtype, set_threads
+from reward_server.backends.yes_no import render_chat, yes_no_ids
 from reward_server.errors import BackendUnavailable, ModelLoadError
 
 if TYPE_CHECKING:
     import torch
-
-    from reward_server.config import JudgeBackendSettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,38 +47,6 @@ class JudgeStats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-def answer_token_ids(tokenizer: Any, word: str) -> list[int]:
-    """Single-token ids of ``word``, ``Word``, `` word``, `` Word`` (bare form required)."""
-    ids: list[int] = []
-    for variant in (word, word.capitalize(), " " + word, " " + word.capitalize()):
-        enc = tokenizer.encode(variant, add_special_tokens=False)
-        if len(enc) == 1:
-            if enc[0] not in ids:
-                ids.append(int(enc[0]))
-        elif variant == word:
-            raise ModelLoadError(
-                f"the judge tokenizer splits {word!r} into {len(enc)} tokens {enc}; p_yes needs "
-                "'yes' and 'no' to be single tokens: use another judge model"
-            )
-    return ids
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-
-
 class TransformersJudge:
     """JudgeEngine on a local or HF-hub causal LM (see module doc)."""
 
@@ -87,7 +56,7 @@ class TransformersJudge:
         *,
         device: str = "auto",
         dtype: str = "auto",
-        max_batch_size: int = 32,
+        forward_batch_size: int = 32,
         prefix_cache_size: int = 64,
         seed: int = 0,
         model_id: str | None = None,
@@ -110,20 +79,20 @@ class TransformersJudge:
         self._base = self._model.base_model
         self._head = self._model.get_output_embeddings()
         self._softcap = getattr(self._model.config, "final_logit_softcapping", None)
-        self._yes = torch.tensor(answer_token_ids(self._tok, "yes"), device=self._device)
-        self._no = torch.tensor(answer_token_ids(self._tok, "no"), device=self._device)
-        if set(self._yes.tolist()) & set(self._no.tolist()):
-            raise ModelLoadError("the judge tokenizer maps 'yes' and 'no' to a shared token")
+        yes, no = yes_no_ids(self._tok)
+        self._yes = torch.tensor(yes, device=self._device)
+        self._no = torch.tensor(no, device=self._device)
         self._pad = self._tok.pad_token_id
         if self._pad is None:
             self._pad = self._tok.eos_token_id if self._tok.eos_token_id is not None else 0
-        self._max_batch = max_batch_size
+        self._max_batch = forward_batch_size
         self._cache_size = prefix_cache_size
         self._cache: OrderedDict[str, tuple[list[int], Any]] = OrderedDict()
         self._templates: dict[str, tuple[str, str]] = {}
         self._seed = seed
         self._lock = threading.Lock()
         self._model_id = model_id or model
+        self._closed = False
         self.stats = JudgeStats()
         logger.info(
             "transformers judge %s on %s: yes ids %s, no ids %s",
@@ -134,18 +103,16 @@ class TransformersJudge:
         )
 
     @classmethod
-    def from_settings(cls, settings: JudgeBackendSettings) -> TransformersJudge:
-        model = settings.model
-        model_id = None
-        from reward_server.backends.smollm2 import LOCAL_MODEL_ALIAS, local_smollm2_path
+    def from_settings(cls, settings: TransformersJudgeSettings) -> TransformersJudge:
+        from reward_server.backends.smollm2 import resolve_model
 
-        if model == LOCAL_MODEL_ALIAS:
-            model, model_id = str(local_smollm2_path()), LOCAL_MODEL_ALIAS
+        set_threads(settings.num_threads)
+        model, model_id = resolve_model(settings.model)
         return cls(
             model,
             device=settings.device,
             dtype=settings.dtype,
-            max_batch_size=settings.max_batch_size,
+            forward_batch_size=settings.forward_batch_size,
             prefix_cache_size=settings.prefix_cache_size,
             seed=settings.seed,
             model_id=model_id,
@@ -161,11 +128,7 @@ class TransformersJudge:
 
     # ------------------------------------------------------------------ rendering
     def _chat(self, system: str, user: str) -> str:
-        msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        text: str = self._tok.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False
-        )
-        return text
+        return render_chat(self._tok, system, user)
 
     def render(self, prompt: JudgePrompt) -> tuple[str, str]:
         """(prefix, suffix) strings of the chat-rendered prompt, split after ``prompt.prefix``."""
@@ -341,5 +304,11 @@ class TransformersJudge:
                 outs.append(self._tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
         return outs
 
+    async def health(self) -> Health:
+        if self._closed:
+            return Health(False, f"judge {self._model_id} is closed")
+        return Health(True)
+
     async def close(self) -> None:
+        self._closed = True
         self.clear_prefix_cache()

@@ -19,8 +19,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from reward_server.backends.base import NLIPair, NLIScore
-from reward_server.config import NLIBackendSettings
+from reward_server.backends.base import Health, NLIPair, NLIScore
+from reward_server.backends.settings import TransformersNLISettings
+from reward_server.backends.torch_device import resolve_device, resolve_dtype, set_threads
 from reward_server.errors import BackendUnavailable, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -104,19 +105,15 @@ class TransformersNLI:
         )
 
     @classmethod
-    def from_settings(cls, settings: NLIBackendSettings) -> TransformersNLI:
+    def from_settings(cls, settings: TransformersNLISettings) -> TransformersNLI:
         """Load ``settings.model`` (HF id or local folder) on the configured device and dtype."""
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        device = settings.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        set_threads(settings.num_threads)
+        device = resolve_device(settings.device)
         on_gpu = device.startswith("cuda")
-        dtype_name = (
-            settings.dtype if settings.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        )
-        dtype = getattr(torch, dtype_name)
+        dtype = resolve_dtype(settings.dtype, device)
         try:
             tokenizer = AutoTokenizer.from_pretrained(settings.model)
             model = AutoModelForSequenceClassification.from_pretrained(settings.model, dtype=dtype)
@@ -154,11 +151,14 @@ class TransformersNLI:
     def token_budget(self) -> int:
         return self._budget
 
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
+    def token_counts_sync(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
         enc = self._tok(list(texts), add_special_tokens=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
+
+    async def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return self.token_counts_sync(texts)
 
     def _encode(self, pairs: Sequence[NLIPair]) -> tuple[list[dict[str, list[int]]], list[bool]]:
         prem = [p.premise for p in pairs]
@@ -208,6 +208,11 @@ class TransformersNLI:
                 f"NLI model {self._model_id} failed on {len(pairs)} pairs: {e}. Lower "
                 "nli_engine.token_budget or check the device."
             ) from e
+
+    async def health(self) -> Health:
+        if self._model is None:
+            return Health(False, f"NLI model {self._model_id} is closed")
+        return Health(True)
 
     async def close(self) -> None:
         with self._lock:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-from reward_server.backends.base import GenerationRequest, JudgePrompt
+from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
+from reward_server.backends.settings import VLLMJudgeSettings
+from reward_server.backends.yes_no import fold_by_ids, p_yes, render_chat, yes_no_ids
 from reward_server.errors import BackendUnavailable, ModelLoadError
-
-if TYPE_CHECKING:
-    from reward_server.config import JudgeBackendSettings
 
 logger = logging.getLogger(__name__)
 
@@ -43,26 +41,6 @@ def generation_sampling_kwargs(request: GenerationRequest, default_seed: int) ->
         "top_p": request.top_p,
         "seed": default_seed if request.seed is None else request.seed,
     }
-
-
-def fold_by_ids(logprobs: Mapping[int, float], ids: Sequence[int]) -> float | None:
-    """logsumexp of the log-probs of ``ids`` present in ``logprobs``; None if none is."""
-    found = [logprobs[i] for i in ids if i in logprobs]
-    if not found:
-        return None
-    m = max(found)
-    return m + math.log(sum(math.exp(x - m) for x in found))
-
-
-def p_yes_from(l_yes: float, l_no: float) -> float:
-    d = l_yes - l_no
-    return 1.0 / (1.0 + math.exp(-d)) if d >= 0 else math.exp(d) / (1.0 + math.exp(d))
-
-
-def render_chat(tokenizer: Any, system: str, user: str) -> str:
-    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    text: str = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    return text
 
 
 class VLLMJudge:
@@ -90,11 +68,8 @@ class VLLMJudge:
             from vllm.v1.engine.async_llm import AsyncLLM as Engine
         except ImportError:  # older layouts
             from vllm import AsyncLLMEngine as Engine
-        from reward_server.backends.transformers_judge import answer_token_ids
-
         self._tok = AutoTokenizer.from_pretrained(model)
-        self._yes = answer_token_ids(self._tok, "yes")
-        self._no = answer_token_ids(self._tok, "no")
+        self._yes, self._no = yes_no_ids(self._tok)
         args = AsyncEngineArgs(
             model=model,
             enable_prefix_caching=True,
@@ -114,12 +89,10 @@ class VLLMJudge:
         self._model_id = model_id or model
 
     @classmethod
-    def from_settings(cls, settings: JudgeBackendSettings) -> VLLMJudge:
-        model, model_id = settings.model, None
-        if model == "smollm2-local":
-            from reward_server.backends.smollm2 import local_smollm2_path
+    def from_settings(cls, settings: VLLMJudgeSettings) -> VLLMJudge:
+        from reward_server.backends.smollm2 import resolve_model
 
-            model, model_id = str(local_smollm2_path()), "smollm2-local"
+        model, model_id = resolve_model(settings.model)
         return cls(
             model,
             gpu_memory_utilization=settings.gpu_memory_utilization,
@@ -162,7 +135,7 @@ class VLLMJudge:
             l_no = fold_by_ids(await self._first_logprobs(text, self._no), self._no)
         if l_yes is None or l_no is None:
             raise BackendUnavailable(f"vLLM judge {self._model_id} gave no logprob for yes or no")
-        return p_yes_from(l_yes, l_no)
+        return p_yes(l_yes, l_no)
 
     async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
         return list(await asyncio.gather(*(self._one(p) for p in prompts)))
@@ -175,6 +148,13 @@ class VLLMJudge:
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         return list(await asyncio.gather(*(self._gen(r) for r in requests)))
+
+    async def health(self) -> Health:
+        try:
+            await self._engine.check_health()
+        except Exception as e:
+            return Health(False, f"vLLM engine {self._model_id}: {type(e).__name__}: {e}")
+        return Health(True)
 
     async def close(self) -> None:
         shutdown = getattr(self._engine, "shutdown", None)

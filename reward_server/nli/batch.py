@@ -71,7 +71,7 @@ class QueryBatch:
         for p, h in queries:
             self.add(p, h)
 
-    def _plan_pending(self) -> None:
+    async def _plan_pending(self) -> None:
         pending, self._pending = self._pending, []
         if self._settings.long_premise != "windows":
             for p, h in pending:
@@ -82,7 +82,7 @@ class QueryBatch:
             for t in (p.render(), h.render(), p.render(""), *p.kept):
                 texts.setdefault(t, 0)
         keys = list(texts)
-        for t, n in zip(keys, self._nli.token_counts(keys), strict=True):
+        for t, n in zip(keys, await self._nli.token_counts(keys), strict=True):
             texts[t] = n
         limit = self._nli.max_length - self._settings.window_reserved_tokens
         for p, h in pending:
@@ -101,7 +101,7 @@ class QueryBatch:
 
     async def run(self) -> None:
         """Score every query added since the last run (one engine call, deduped pairs)."""
-        self._plan_pending()
+        await self._plan_pending()
         todo: dict[NLIPair, None] = {}
         for pairs, _ in self._plans.values():
             for pair in pairs:

@@ -1,4 +1,4 @@
-"""Evidence by ablation (METHODS §2.4, NLICV App. B, Algorithms 1 and 2).
+"""Evidence by ablation (docs/nlicv.md §4, NLICV App. B, Algorithms 1 and 2).
 
 With ``f`` the entailment score, ``tau`` the threshold, ``P`` the premise units (sentences of the
 response) and ``H`` the hypothesis units (sentences of the answer or preference):

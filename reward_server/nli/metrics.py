@@ -1,4 +1,4 @@
-"""Evaluation metrics in the shape of NLICV Tables 2/3 (METHODS §2.2).
+"""Evaluation metrics in the shape of NLICV Tables 2/3 (docs/nlicv.md §2).
 
 For each *gold* regime r (items labelled r): mean S_c, mean S_a, mean (S_c + S_a)/2 and the
 detection accuracy (share of those items whose predicted regime is r). Mean Acc is the plain

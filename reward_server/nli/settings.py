@@ -1,4 +1,4 @@
-"""NLICV settings (METHODS §2): templates, threshold, long-premise and evidence policies."""
+"""NLICV settings (docs/nlicv.md): templates, threshold, long-premise and evidence policies."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ TEMPLATE_FIELDS: dict[str, str] = {
     "premise_template": "response",
     "correct_template": "answer",
     "aligned_template": "preference",
-    "interested_premise_template": "profile",
-    "interested_template": "preference",
-    "related_premise_template": "query",
-    "related_template": "preference",
 }
 
 
@@ -25,7 +21,10 @@ class NLISettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    template_version: str = Field("nlicv-v1", description="Premise/hypothesis template version.")
+    template_version: Literal["nlicv-v1"] = Field(
+        "nlicv-v1", description="Premise/hypothesis template family (the default templates "
+        "below; Info also reports a digest of the templates actually configured)."
+    )
     threshold: float = Field(0.5, ge=0.0, le=1.0, description="tau_sem: satisfied iff S > tau.")
     premise_template: str = Field("The answer is {response}.", description="Premise for both.")
     correct_template: str = Field(
@@ -34,19 +33,6 @@ class NLISettings(BaseModel):
     aligned_template: str = Field(
         "The content of the answer is about {preference}.",
         description="Hypothesis of Aligned(r, i).",
-    )
-    interested_premise_template: str = Field(
-        "{profile}", description="Premise of the input predicate Interested(u, i): the profile."
-    )
-    interested_template: str = Field(
-        "The user is interested in {preference}.",
-        description="Hypothesis of Interested(u, i).",
-    )
-    related_premise_template: str = Field(
-        "The query is {query}.", description="Premise of the input predicate Related(q, i)."
-    )
-    related_template: str = Field(
-        "The query is related to {preference}.", description="Hypothesis of Related(q, i)."
     )
     long_premise: Literal["truncate", "windows"] = Field(
         "truncate",

@@ -1,4 +1,4 @@
-"""Sentence units and template rendering for NLICV (METHODS §2.4).
+"""Sentence units and template rendering for NLICV (docs/nlicv.md §4).
 
 How ablated texts are wrapped by the templates (our documented choice):
 

@@ -1,4 +1,4 @@
-"""NLICV constraint verification, regimes and rewards (METHODS §2.1-2.2).
+"""NLICV constraint verification, regimes and rewards (docs/nlicv.md §1-§2).
 
 ``S_c = f("The answer is {response}.", "The content of the answer is about {answer}.")`` and
 ``S_a`` the same with the preference (templates from :class:`NLISettings`); an empty response,
@@ -46,7 +46,7 @@ class VerifyInput:
 
 
 def regime_of(s_correct: float, s_aligned: float, tau: float) -> Regime:
-    """The confusion-matrix cell (METHODS §2.2); satisfied iff S > tau."""
+    """The confusion-matrix cell (docs/nlicv.md §2); satisfied iff S > tau."""
     c, a = s_correct > tau, s_aligned > tau
     if c and a:
         return Regime.PERSONALIZATION
@@ -156,58 +156,16 @@ async def verify(
     return v
 
 
-async def nli_constraints_rewards(
-    nli: NLIEngine, specs: Sequence[NliConstraintsSpec], settings: NLISettings
-) -> list[RewardOutcome]:
-    """Rewards for many specs in one engine pass (for batching deployments)."""
-    items = [VerifyInput(s.response, s.answer, s.preference) for s in specs]
-    results = await _verify_many(nli, items, settings, evidence=False)
-    outcomes = []
-    for spec, (v, windowed) in zip(specs, results, strict=True):
-        function = spec.reward_function or settings.default_reward_function
-        outcomes.append(
-            RewardOutcome(
-                reward=reward_of(function, v, settings),
-                components=components_of(v, settings, windowed=windowed),
-            )
-        )
-    return outcomes
-
-
 async def nli_constraints_reward(
     nli: NLIEngine, spec: NliConstraintsSpec, settings: NLISettings
 ) -> RewardOutcome:
     """The ``nli_constraints`` reward of one item (one engine call)."""
-    (outcome,) = await nli_constraints_rewards(nli, [spec], settings)
-    return outcome
-
-
-async def _predicate(nli: NLIEngine, settings: NLISettings, premise: Side, hyp: Side) -> float:
-    batch = QueryBatch(nli, settings)
-    batch.add(premise, hyp)
-    await batch.run()
-    return batch.get(premise, hyp).score
-
-
-async def interested(
-    nli: NLIEngine, *, profile: str, preference: str, settings: NLISettings
-) -> float:
-    """Input predicate Interested(u, i): S_ent(profile, "The user is interested in {i}.")."""
-    return await _predicate(
-        nli,
-        settings,
-        Side.of(settings.interested_premise_template, "profile", profile),
-        Side.of(settings.interested_template, "preference", preference),
-    )
-
-
-async def related(nli: NLIEngine, *, query: str, preference: str, settings: NLISettings) -> float:
-    """Input predicate Related(q, i): S_ent("The query is {q}.", "The query is related to {i}.")."""
-    return await _predicate(
-        nli,
-        settings,
-        Side.of(settings.related_premise_template, "query", query),
-        Side.of(settings.related_template, "preference", preference),
+    item = VerifyInput(spec.response, spec.answer, spec.preference)
+    ((v, windowed),) = await _verify_many(nli, [item], settings, evidence=False)
+    function = spec.reward_function or settings.default_reward_function
+    return RewardOutcome(
+        reward=reward_of(function, v, settings),
+        components=components_of(v, settings, windowed=windowed),
     )
 
 

@@ -284,6 +284,14 @@ def info_to_proto(info: d.ServerInfo) -> pb.InfoResponse:
         nli_model=info.nli_model,
         template_versions=dict(info.template_versions),
         settings=dict(info.settings),
+        components=[
+            pb.RewardKindComponents(
+                kind=kind,
+                components=[pb.RewardComponent(name=c.name, meaning=c.meaning) for c in comps],
+            )
+            for kind, comps in info.components.items()
+        ],
+        fake_engines=info.fake_engines,
     )
 
 
@@ -295,4 +303,9 @@ def info_from_proto(msg: pb.InfoResponse) -> d.ServerInfo:
         nli_model=msg.nli_model,
         template_versions=dict(msg.template_versions),
         settings=dict(msg.settings),
+        components={
+            k.kind: tuple(d.ComponentInfo(c.name, c.meaning) for c in k.components)
+            for k in msg.components
+        },
+        fake_engines=msg.fake_engines,
     )

@@ -1,4 +1,4 @@
-"""The grpc.aio ingress: ``create_server(config, service) -> (server, port)``.
+"""The grpc.aio ingress: ``create_server(settings, service) -> (server, port)``.
 
 Standard ``grpc.health.v1`` health, server reflection, optional bearer-token auth and TLS, max
 message sizes, a server-side timeout from the client's deadline, and a graceful drain: health
@@ -20,10 +20,10 @@ from grpc_reflection.v1alpha import reflection
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
-from reward_server.config import RewardServerConfig
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
 from reward_server.rpc.servicer import RewardServicer
+from reward_server.rpc.settings import ServerSettings
 from reward_server.service import RewardService
 
 logger = logging.getLogger(__name__)
@@ -34,11 +34,11 @@ class RewardGrpcServer:
     """A started-on-demand grpc.aio server with its health servicer."""
 
     def __init__(self, server: grpc.aio.Server, health: HealthServicer, service: RewardService,
-                 config: RewardServerConfig) -> None:
+                 settings: ServerSettings) -> None:
         self.server = server
         self.health = health
         self.service = service
-        self._config = config
+        self._settings = settings
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -53,7 +53,7 @@ class RewardGrpcServer:
         """Drain: NOT_SERVING, wait drain_delay, stop accepting, let in-flight calls finish."""
         if self._stopped.is_set():
             return
-        s = self._config.server
+        s = self._settings
         grace = s.grace_period_s if grace is None else grace
         drain_delay = s.drain_delay_s if drain_delay is None else drain_delay
         logger.info("draining: NOT_SERVING, accepting for %.1fs, grace %.1fs", drain_delay, grace)
@@ -61,7 +61,6 @@ class RewardGrpcServer:
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
         await self.server.stop(grace)
-        await self.service.close()
         self._stopped.set()
         logger.info("server stopped")
 
@@ -75,8 +74,7 @@ class RewardGrpcServer:
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
 
 
-def _credentials(config: RewardServerConfig) -> grpc.ServerCredentials | None:
-    s = config.server
+def _credentials(s: ServerSettings) -> grpc.ServerCredentials | None:
     if s.tls_cert_file is None and s.tls_key_file is None:
         return None
     if s.tls_cert_file is None or s.tls_key_file is None:
@@ -89,10 +87,10 @@ def _credentials(config: RewardServerConfig) -> grpc.ServerCredentials | None:
 
 
 def create_server(
-    config: RewardServerConfig, service: RewardService
+    settings: ServerSettings, service: RewardService
 ) -> tuple[RewardGrpcServer, int]:
-    """Build the server and bind its port (``server.port=0`` picks a free one); not started."""
-    s = config.server
+    """Build the server and bind its port (``port=0`` picks a free one); not started."""
+    s = settings
     interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
     if s.auth_token is not None:
         interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))
@@ -116,10 +114,10 @@ def create_server(
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
     address = f"{s.host}:{s.port}"
-    creds = _credentials(config)
+    creds = _credentials(s)
     port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if port == 0:
         raise ConfigError(f"could not bind {address}; is the port in use?")
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
-    return RewardGrpcServer(server, health, service, config), port
+    return RewardGrpcServer(server, health, service, s), port

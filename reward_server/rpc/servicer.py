@@ -11,26 +11,17 @@ from typing import Any, TypeVar
 import grpc
 
 from reward_server import domain as d
+from reward_server import metrics
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
 from reward_server.errors import BackendUnavailable
 from reward_server.rpc import convert
 from reward_server.rpc.status import message_for, status_for
 from reward_server.service import RewardService
-from reward_server.serving import metrics
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def _kind(spec: d.ItemSpec) -> str:
-    return {
-        d.RubricScoreSpec: "rubric_score",
-        d.ParlRewardSpec: "parl_reward",
-        d.NliConstraintsSpec: "nli_constraints",
-        d.WeightedSpec: "weighted",
-    }[type(spec)]
 
 
 class RewardServicer(pb_grpc.RewardServiceServicer):
@@ -75,7 +66,7 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
             items = [convert.item_from_proto(m, i) for i, m in enumerate(request.items)]
             results = await self._service.score(items)
             for item, result in zip(items, results, strict=True):
-                metrics.observe_items(_kind(item.spec), result.status.value)
+                metrics.observe_items(d.kind_of(item.spec).value, result.status.value)
             return pb.ScoreResponse(results=[convert.result_to_proto(r) for r in results])
 
         return await self._run("Score", context, work())

@@ -1,7 +1,7 @@
 """PARL science: rubric parsing, consistency validation, judge scoring, rewards, induction.
 
 Pure async functions over a :class:`reward_server.backends.base.JudgeEngine`; no Ray, gRPC or
-weights. See METHODS §1 for the formulas.
+weights. See docs/parl.md for the formulas.
 """
 
 from reward_server.rubric.induction import induce_rubrics

@@ -1,20 +1,14 @@
-"""The PARL formulas of METHODS §1.4 as pure functions (no judge, no I/O)."""
+"""The PARL formulas of docs/parl.md §4 as pure functions (no judge, no I/O)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
 from reward_server.domain import ParlVariant
+from reward_server.numerics import sigmoid
 
-
-def sigmoid(x: float) -> float:
-    """Numerically stable logistic function."""
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    z = math.exp(x)
-    return z / (1.0 + z)
+__all__ = ["cardinality", "margin_product", "parl_value", "rubric_score", "sigmoid"]
 
 
 def rubric_score(p_yes: Sequence[float]) -> float:

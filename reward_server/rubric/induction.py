@@ -1,4 +1,4 @@
-"""Rubric induction at inference time (METHODS §1.3): sample k times, validate, keep the best."""
+"""Rubric induction at inference time (docs/parl.md §3): sample k times, validate, keep the best."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from reward_server.backends.base import JudgeEngine
 from reward_server.domain import HistoryItem, InductionAttempt, InductionResult, Task
-from reward_server.errors import BackendUnavailable, InvalidRequest
+from reward_server.errors import BackendUnavailable
 from reward_server.rubric.parsing import parse_rubric_output
 from reward_server.rubric.scoring import validate_rule_sets
 from reward_server.rubric.settings import RubricSettings
-from reward_server.rubric.templates import check_version, generator_request
+from reward_server.rubric.templates import generator_request
 
 logger = logging.getLogger(__name__)
 
@@ -27,14 +27,14 @@ async def induce_rubrics(
 ) -> InductionResult:
     """Sample the generator ``num_samples`` times (seeds ``seed + i``), validate every attempt
     on the last ``history_limit`` items in one judge call, keep the attempt with the most
-    surviving rules (the earliest on ties). ``covered`` iff that attempt kept a rule."""
-    check_version(settings)
+    surviving rules (the earliest on ties). ``covered`` iff that attempt kept a rule.
+    Arguments are a validated request (history non-empty, ``num_samples`` >= 1 or None)."""
     k = settings.induction_samples if num_samples is None else num_samples
     if k < 1:
-        raise InvalidRequest(f"num_samples must be at least 1, got {k}")
+        raise ValueError(f"num_samples must be at least 1, got {k}")
     hist = tuple(history)[-settings.history_limit :]
     if not hist:
-        raise InvalidRequest("rubric induction needs at least one history item")
+        raise ValueError("rubric induction needs at least one history item")
     requests = [generator_request(hist, task, settings, seed=seed + i) for i in range(k)]
     outputs = await judge.generate(requests)
     if len(outputs) != k:

@@ -1,4 +1,4 @@
-"""Evaluation metrics of METHODS §1.5 as pure functions.
+"""Evaluation metrics of docs/parl.md §5 as pure functions.
 
 A *sample* is one test response of one user, represented by the p_yes of each of its user's
 validated rules on that response (``Sequence[float]``; empty when the user has no rule).

@@ -1,4 +1,4 @@
-"""Parsing the rubric generator's raw output (METHODS §1.1, §1.3).
+"""Parsing the rubric generator's raw output (docs/parl.md §1, §3).
 
 Accepted shape: a bare JSON array of objects with a string ``rule`` (extra keys are ignored).
 Before parsing, everything up to and including the last ``</think>`` is dropped and ONE

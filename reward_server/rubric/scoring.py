@@ -1,4 +1,4 @@
-"""Judge-backed science: rubric scores, validation and PARL rewards (METHODS §1.2-§1.4)."""
+"""Judge-backed science: rubric scores, validation and PARL rewards (docs/parl.md §2-§4)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from reward_server.domain import (
     RubricScoreSpec,
     Task,
 )
-from reward_server.errors import BackendUnavailable, InvalidRequest
+from reward_server.errors import BackendUnavailable
 from reward_server.rubric import formulas
 from reward_server.rubric.parsing import parse_rubric_output
 from reward_server.rubric.settings import RubricSettings
-from reward_server.rubric.templates import check_version, judge_prompts
+from reward_server.rubric.templates import judge_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +41,9 @@ async def judge_batch(judge: JudgeEngine, prompts: Sequence[JudgePrompt]) -> lis
 async def score_rubric(
     judge: JudgeEngine, spec: RubricScoreSpec, settings: RubricSettings
 ) -> RewardOutcome:
-    """Score a personalized generator's text under its user's rules (one judge call)."""
-    check_version(settings)
-    if not spec.rules:
-        raise InvalidRequest("rubric_score needs at least one rule")
+    """Score a personalized generator's text under its user's rules (one judge call).
+
+    ``spec`` is a validated request (at least one rule)."""
     p = await judge_batch(judge, judge_prompts(spec.context, spec.text, spec.rules, spec.task))
     mean_p = formulas.rubric_score(p)
     frac = sum(1 for x in p if x > settings.threshold) / len(p)
@@ -86,7 +85,7 @@ async def validate_rule_sets(
     judged once it fails.
     """
     if not history:
-        raise InvalidRequest("validating rules needs at least one history item")
+        raise ValueError("validating rules needs at least one history item")
     alive = [[True] * len(rules) for rules in rule_sets]
     rounds = [[h] for h in history] if settings.validation_early_exit else [list(history)]
     for items in rounds:
@@ -111,13 +110,14 @@ async def validate_rule_sets(
 async def parl_reward(
     judge: JudgeEngine, spec: ParlRewardSpec, settings: RubricSettings
 ) -> RewardOutcome:
-    """PARL-0/A/B reward of one rubric-generator rollout (METHODS §1.3-§1.4)."""
-    check_version(settings)
+    """PARL-0/A/B reward of one rubric-generator rollout (PARL §3: parse, validate on the
+    history, score target and baselines). An unparsable output is policy-invalid (the service
+    applies the configured penalty)."""
     parsed = parse_rubric_output(spec.policy_output, settings, mode="training")
     counts = {"n_parsed": float(parsed.n_parsed), "n_length_ok": float(parsed.n_length_ok)}
     if parsed.invalid_reason is not None:
         return RewardOutcome(
-            reward=settings.invalid_floor,
+            reward=None,
             components={**counts, "n_valid": 0.0, "floor_applied": 1.0},
             policy_invalid=parsed.invalid_reason,
         )

@@ -1,4 +1,4 @@
-"""PARL settings: every constant of METHODS §1 is here, the paper's values as defaults."""
+"""PARL settings: every constant of docs/parl.md is here, the paper's values as defaults."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ from reward_server.domain import RubricAggregate
 
 
 class RubricSettings(BaseModel):
-    """Rubric scoring, PARL rewards and rubric induction (METHODS §1.3-§1.4)."""
+    """Rubric scoring, PARL rewards and rubric induction (docs/parl.md §3-§4)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    template_version: str = Field("parl-v1", description="Prompt template family version.")
+    template_version: Literal["parl-v1"] = Field(
+        "parl-v1", description="Prompt template family version (the judge and generator "
+        "prompts of reward_server.rubric.templates)."
+    )
     threshold: float = Field(
         0.5, ge=0.0, le=1.0, description="A rule is satisfied iff p_yes > threshold."
     )
     history_limit: int = Field(10, ge=1, description="Only the last N history items are used.")
     reward_lambda: float = Field(10.0, gt=0.0, description="lambda in R = 0.1 + lambda*C*...")
     margin_k: float = Field(20.0, gt=0.0, description="k in Gamma = prod_b sigmoid(k * Delta_b).")
-    invalid_floor: float = Field(
-        0.0, description="PARL reward for unparsable output / wrong array length / missing 'rule'."
-    )
     format_floor: float = Field(
         0.1, description="PARL base reward, and the reward when survivors fall outside the bounds."
     )

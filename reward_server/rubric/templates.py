@@ -1,12 +1,13 @@
 """Versioned prompt templates for the judge (rubric evaluator) and the rubric generator.
 
-Judge prompts put the text BEFORE the rubric (METHODS §1.2): ``JudgePrompt.prefix`` ends right
+Judge prompts put the text BEFORE the rubric (docs/parl.md §2): ``JudgePrompt.prefix`` ends right
 after the text block, so every rule judged on the same (context, text) shares the same rendered
-prefix and its KV cache. Contexts per task follow METHODS §1.4/§1.6: Amazon (item title,
+prefix and its KV cache. Contexts per task follow docs/parl.md §4/§6: Amazon (item title,
 description, rating, review title -> review), News (article -> headline), Reddit (summary ->
 post content), generic (context -> text).
 
-Changing any wording here changes rewards: bump ``TEMPLATE_VERSION`` (reported by ``Info``).
+Changing any wording here changes rewards: bump ``TEMPLATE_VERSION`` and the Literal of
+``RubricSettings.template_version`` (reported by ``Info``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from dataclasses import dataclass
 
 from reward_server.backends.base import GenerationRequest, JudgePrompt
 from reward_server.domain import HistoryItem, Task
-from reward_server.errors import ConfigError
 from reward_server.rubric.settings import RubricSettings
 
-TEMPLATE_VERSION = "parl-v1"
-SUPPORTED_VERSIONS = frozenset({TEMPLATE_VERSION})
+TEMPLATE_VERSION = "parl-v1"  # RubricSettings.template_version admits exactly this
 
 
 @dataclass(frozen=True)
@@ -86,17 +85,8 @@ _WRITING_ONE = {
 }
 
 
-def check_version(settings: RubricSettings) -> None:
-    if settings.template_version not in SUPPORTED_VERSIONS:
-        raise ConfigError(
-            f"rubric.template_version={settings.template_version!r} is unknown; "
-            f"supported: {sorted(SUPPORTED_VERSIONS)}"
-        )
-
-
 def template_versions(settings: RubricSettings) -> dict[str, str]:
     """Template family per role, for ``Info`` (provenance)."""
-    check_version(settings)
     return {
         "rubric.judge": settings.template_version,
         "rubric.generator": settings.template_version,
@@ -114,9 +104,7 @@ def judge_prompt(context: str, text: str, rule: str, task: Task) -> JudgePrompt:
         text=text.strip(),
     )
     suffix = JUDGE_SUFFIX.format(rule=rule.strip(), text_lower=labels.text.lower())
-    return JudgePrompt(
-        system=system, prefix=prefix, suffix=suffix, context=context, text=text, rule=rule
-    )
+    return JudgePrompt(system=system, prefix=prefix, suffix=suffix)
 
 
 def judge_prompts(context: str, text: str, rules: Sequence[str], task: Task) -> list[JudgePrompt]:
@@ -131,7 +119,7 @@ def generator_request(
     seed: int | None,
     n_rules: int = 10,
 ) -> GenerationRequest:
-    """The rubric generator's prompt over the user's raw history (METHODS §1.1)."""
+    """The rubric generator's prompt over the user's raw history (docs/parl.md §1)."""
     labels = TASK_LABELS[task]
     items = "\n\n".join(
         HISTORY_ITEM.format(

@@ -2,9 +2,10 @@
 
 With ``mode: ray`` each engine kind is one Ray Serve application holding one deployment
 (``<app_prefix>-judge`` and ``<app_prefix>-nli``); every replica owns one engine built by
-:mod:`reward_server.backends.factory`. The fields below become the deployment options
-(``autoscaling_config``, ``max_ongoing_requests``, ``max_queued_requests``, ``ray_actor_options``)
-and the replica's ``user_config`` (batching knobs, changeable at runtime through ``reconfigure``).
+:mod:`reward_server.backends.factory`. The fields of :class:`DeploymentSettings` become the
+deployment options (``autoscaling_config``, ``max_ongoing_requests``, ``max_queued_requests``,
+``ray_actor_options``); the batch size comes from the engine's own ``batching`` block and
+reaches the replicas as ``user_config`` (changeable at runtime through ``reconfigure``).
 """
 
 from __future__ import annotations
@@ -53,18 +54,6 @@ class DeploymentSettings(BaseModel):
         2048, ge=1, description="Calls each caller (handle) queues when every replica is full; "
         "beyond it calls fail at once with Overloaded (gRPC RESOURCE_EXHAUSTED)."
     )
-    max_batch_size: int = Field(
-        64, ge=1, description="Most items (prompts or pairs, summed over the calls that form "
-        "the batch) one engine call receives. Runtime knob (reconfigure)."
-    )
-    batch_wait_timeout_s: float = Field(
-        0.01, ge=0.0, description="How long a replica waits for more calls before running a "
-        "batch that is not full. Runtime knob (reconfigure)."
-    )
-    max_items_per_call: int | None = Field(
-        None, ge=1, description="The caller splits bigger calls into pieces of this many items "
-        "(sent concurrently, so they spread over replicas); None: max_batch_size."
-    )
     unhealthy_after_failures: int = Field(
         5, ge=1, description="Consecutive failed engine batches after which the replica reports "
         "unhealthy and Serve replaces it."
@@ -88,17 +77,10 @@ class DeploymentSettings(BaseModel):
             raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
         return self
 
-    @property
-    def items_per_call(self) -> int:
-        return self.max_items_per_call or self.max_batch_size
-
-    def user_config(self) -> dict[str, Any]:
-        """The runtime knobs a replica's ``reconfigure`` receives."""
-        return {
-            "max_batch_size": self.max_batch_size,
-            "batch_wait_timeout_s": self.batch_wait_timeout_s,
-            "unhealthy_after_failures": self.unhealthy_after_failures,
-        }
+    def user_config(self, *, max_items: int) -> dict[str, Any]:
+        """The runtime knobs a replica's ``reconfigure`` receives (``max_items``: the engine's
+        ``batching.max_items``, the most items one ``@serve.batch`` batch may hold)."""
+        return {"max_batch_size": max_items, "unhealthy_after_failures": self.unhealthy_after_failures}
 
     def autoscaling_config(self) -> dict[str, Any]:
         """Ray Serve ``autoscaling_config`` (validated by Ray's own AutoscalingConfig)."""
@@ -114,7 +96,7 @@ class DeploymentSettings(BaseModel):
             cfg["initial_replicas"] = self.initial_replicas
         return cfg
 
-    def deployment_options(self) -> dict[str, Any]:
+    def deployment_options(self, *, max_items: int) -> dict[str, Any]:
         """Keyword arguments for ``Deployment.options`` (same keys as a Serve config file)."""
         return {
             "autoscaling_config": self.autoscaling_config(),
@@ -124,30 +106,18 @@ class DeploymentSettings(BaseModel):
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
-            "user_config": self.user_config(),
+            "user_config": self.user_config(max_items=max_items),
         }
 
 
-def _judge_default() -> DeploymentSettings:
-    return DeploymentSettings.model_validate({})
-
-
-def _nli_default() -> DeploymentSettings:
-    return DeploymentSettings.model_validate({"max_batch_size": 128})
-
-
-class ServingSettings(BaseModel):
-    """Hosting of the judge and NLI engines."""
+class RaySettings(BaseModel):
+    """Ray Serve hosting (``serving.mode: ray``): the cluster, the applications, the calls."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["inprocess", "ray"] = Field(
-        "inprocess",
-        description="inprocess: engines live in the gRPC server's process (tests, laptops); "
-        "ray: engines are Ray Serve deployments behind handles.",
-    )
-    ray_address: str | None = Field(
-        None, description="Join this Ray cluster (also RAY_ADDRESS); None starts a local Ray."
+    address: str | None = Field(
+        None, description="Join this Ray cluster (also RAY_ADDRESS); None starts a local Ray "
+        "bound to 127.0.0.1."
     )
     namespace: str = Field("reward_server", description="Ray namespace the ingress joins.")
     app_prefix: str = Field(
@@ -156,7 +126,7 @@ class ServingSettings(BaseModel):
     deploy: bool = Field(
         True, description="True: deploy (or update) the applications with serve.run. False: "
         "attach to applications already running (deployed by deploy/serve_config.yaml or a "
-        "KubeRay RayService) — what the 2nd..Nth ingress copies do."
+        "KubeRay RayService): what the 2nd..Nth ingress copies do."
     )
     local_num_cpus: int | None = Field(
         None, ge=1, description="Embedded local Ray only: CPUs it may use; None: all."
@@ -176,19 +146,41 @@ class ServingSettings(BaseModel):
         600.0, gt=0.0, description="How long start-up waits for the applications to be RUNNING "
         "(model loading included)."
     )
-    coalesce_wait_ms: float = Field(
-        2.0, ge=0.0, description="Merge this process's concurrent small engine calls that "
-        "arrive within this window into one deployment call (up to the deployment's "
-        "items_per_call) before the Ray hop: far fewer Ray calls per item; replicas then "
-        "re-batch across ingresses with @serve.batch. 0: off (every call is its own Ray call)."
-    )
     judge: DeploymentSettings = Field(
-        default_factory=_judge_default, description="The judge (rubric evaluator) deployment."
+        default_factory=DeploymentSettings,
+        description="The judge (rubric evaluator) deployment.",
     )
     nli: DeploymentSettings = Field(
-        default_factory=_nli_default, description="The NLI verifier deployment (not deployed "
-        "when nli_engine.kind=judge: judge-as-NLI then calls the judge deployment)."
+        default_factory=DeploymentSettings,
+        description="The NLI verifier deployment (not deployed with engines.nli.kind=judge: "
+        "judge-as-NLI then calls the judge deployment).",
     )
 
     def app_name(self, kind: Literal["judge", "nli"]) -> str:
         return f"{self.app_prefix}-{kind}"
+
+
+class ServingSettings(BaseModel):
+    """Hosting of the judge and NLI engines."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["inprocess", "ray"] = Field(
+        "inprocess",
+        description="inprocess: engines live in the gRPC server's process (tests, laptops); "
+        "ray: engines are Ray Serve deployments behind handles.",
+    )
+    ray: RaySettings = Field(
+        default_factory=RaySettings,
+        description="Ray Serve hosting; only with mode: ray.",
+    )
+
+    @model_validator(mode="after")
+    def _ray_only_with_ray(self) -> ServingSettings:
+        if self.mode != "ray" and "ray" in self.model_fields_set and self.ray.model_fields_set:
+            raise ValueError(
+                f"serving.ray.{sorted(self.ray.model_fields_set)[0]} is set but serving.mode is "
+                "inprocess, where it would be ignored; set serving.mode=ray (serve --ray) or "
+                "remove serving.ray"
+            )
+        return self

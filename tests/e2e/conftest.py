@@ -8,10 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from reward_server.app import RewardApp, start_app
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.config import load_config
-from reward_server.rpc.server import create_server
-from reward_server.service import RewardService
 
 
 class ThreadServer:
@@ -30,10 +29,14 @@ class ThreadServer:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        config = load_config(overrides=["server.port=0", "server.drain_delay_s=0"], env={})
-        service = RewardService(config, judge=self.judge, nli=self.nli)
-        self.server, self.port = create_server(config, service)
-        await self.server.start()
+        config = load_config(overrides=[
+            "server.port=0", "server.drain_delay_s=0",
+            "engines={judge: {kind: fake}, nli: {kind: fake}}",
+        ], env={})
+        self.app: RewardApp = await start_app(
+            config, judge_factory=lambda _s: self.judge, nli_factory=lambda _s: self.nli
+        )
+        self.port = self.app.port
 
     def start(self) -> ThreadServer:
         self._thread.start()
@@ -41,7 +44,7 @@ class ThreadServer:
         return self
 
     def stop(self) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self.server.stop(grace=1.0, drain_delay=0), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self.app.stop(grace=1.0, drain_delay=0), self.loop)
         fut.result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)

@@ -14,9 +14,9 @@ pytestmark = [
 ]
 
 from reward_server.backends.base import NLIPair  # noqa: E402
+from reward_server.backends.settings import TransformersNLISettings  # noqa: E402
 from reward_server.backends.tiny_models import build_tiny_nli_model  # noqa: E402
 from reward_server.backends.transformers_nli import TransformersNLI  # noqa: E402
-from reward_server.config import NLIBackendSettings  # noqa: E402
 
 PAIRS = [
     NLIPair("The answer is Paris. " * k, f"The content of the answer is about topic {k}.") for k in (1, 5, 20, 60, 200)
@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _engine(model_dir: Path, device: str, **kw: object) -> TransformersNLI:
     return TransformersNLI.from_settings(
-        NLIBackendSettings(kind="transformers", model=str(model_dir), device=device, **kw)
+        TransformersNLISettings(model=str(model_dir), device=device, **kw)
     )
 
 

@@ -1,4 +1,5 @@
-"""A real grpc.aio server on 127.0.0.1:0 with real engines (fakes by default) and the real client."""
+"""A real reward server on 127.0.0.1:0, built by the composition root (reward_server.app) with
+the default, batched hosting path; fake engines unless a test passes its own."""
 
 from __future__ import annotations
 
@@ -8,23 +9,33 @@ from dataclasses import dataclass
 
 import pytest_asyncio
 
+from reward_server.app import RewardApp, start_app
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.client import AsyncRewardClient
 from reward_server.config import load_config
-from reward_server.rpc.server import RewardGrpcServer, create_server
 from reward_server.service import RewardService
+
+FAKE = "engines={judge: {kind: fake}, nli: {kind: fake}}"
 
 
 @dataclass
 class Running:
-    server: RewardGrpcServer
-    port: int
-    service: RewardService
+    app: RewardApp
+    judge: JudgeEngine
+    nli: NLIEngine
+
+    @property
+    def port(self) -> int:
+        return self.app.port
+
+    @property
+    def service(self) -> RewardService:
+        return self.app.service
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"127.0.0.1:{self.app.port}"
 
     def client(self, **kw: object) -> AsyncRewardClient:
         return AsyncRewardClient(self.target, **kw)  # type: ignore[arg-type]
@@ -36,20 +47,29 @@ async def running_server(
     *,
     judge: JudgeEngine | None = None,
     nli: NLIEngine | None = None,
+    build: bool = False,
 ) -> AsyncIterator[Running]:
+    """Start a server through the composition root. ``judge`` / ``nli``: engine instances to
+    serve (default: fresh fakes); ``build=True``: build the engines the overrides name."""
     config = load_config(
-        overrides=["server.port=0", "server.drain_delay_s=0", *overrides], env={}
+        overrides=["server.port=0", "server.drain_delay_s=0", FAKE, *overrides], env={}
     )
-    service = RewardService(config, judge=judge or FakeJudge(), nli=nli or FakeNLI())
-    server, port = create_server(config, service)
-    await server.start()
+    if build:
+        app = await start_app(config)
+        judge, nli = app.engines.judge, app.engines.nli
+    else:
+        j, n = judge or FakeJudge(), nli or FakeNLI()
+        app = await start_app(config, judge_factory=lambda _s: j, nli_factory=lambda _s: n)
+        judge, nli = j, n
     try:
-        yield Running(server, port, service)
+        yield Running(app, judge, nli)
     finally:
-        await server.stop(grace=1.0, drain_delay=0)
+        await app.stop(grace=1.0, drain_delay=0)
 
 
 @pytest_asyncio.fixture(scope="module")
 async def fake_server() -> AsyncIterator[Running]:
-    async with running_server(["server.max_batch_items=8", "server.max_text_chars=2000"]) as r:
+    async with running_server(
+        ["service.limits.max_batch_items=8", "service.limits.max_text_chars=2000"]
+    ) as r:
         yield r

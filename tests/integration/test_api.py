@@ -110,6 +110,9 @@ async def test_induce_verify_info(fake_server) -> None:
     assert (info.judge_model, info.nli_model) == ("fake-judge", "fake-nli")
     assert info.settings["rubric.margin_k"] == "20.0"
     assert info.template_versions
+    assert info.fake_engines is True  # the fixture serves the fakes, and Info says so
+    parl = {x.name: x.meaning for x in info.components["parl_reward"]}
+    assert "s_target" in parl and "gamma" in parl and parl["s_baseline.{i}"]
 
 
 async def test_reflection_lists_the_service(fake_server) -> None:

@@ -15,8 +15,6 @@ import pytest
 import pytest_asyncio
 
 from reward_server import domain as d
-from reward_server.backends.factory import build_judge, build_nli
-from reward_server.config import load_config
 
 from .conftest import Running, running_server
 
@@ -42,14 +40,11 @@ async def real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Runnin
     nli_dir = build_tiny_nli_model(tmp_path_factory.mktemp("nli") / "tiny",
                                    label_order=("neutral", "contradiction", "entailment"))
     overrides = [
-        "judge.kind=transformers", "judge.model=smollm2-local", "judge.device=cpu",
-        "nli_engine.kind=transformers", f"nli_engine.model={nli_dir}", "nli_engine.device=cpu",
+        "engines.judge={kind: transformers, model: smollm2-local, device: cpu}",
+        f"engines.nli={{kind: transformers, model: '{nli_dir}', device: cpu}}",
         "rubric.generation_max_new_tokens=48",
     ]
-    config = load_config(overrides=overrides, env={})
-    judge = build_judge(config.judge)
-    nli = build_nli(config.nli_engine, judge=judge)
-    async with running_server(overrides, judge=judge, nli=nli) as r:
+    async with running_server(overrides, build=True) as r:  # the default, batched hosting path
         yield r
 
 

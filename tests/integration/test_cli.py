@@ -84,6 +84,24 @@ def test_check_config(tmp_path) -> None:
     assert out.returncode == 2 and "server.prot" in out.stderr
 
 
+def test_serve_without_an_engine_refuses_fast_with_the_choices() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARD_SERVER")}
+    start = time.monotonic()
+    out = subprocess.run([*CLI, "serve", "--port", "0"], capture_output=True, text=True,
+                         timeout=30, env=env)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2 and elapsed < 5, (out.returncode, elapsed)
+    for choice in ("--fake", "-c deploy/cpu_local.yaml", "deploy/reward_server_config.yaml"):
+        assert choice in out.stderr
+    assert "listening" not in out.stdout
+
+
+def test_fake_serve_says_so_loudly(served) -> None:
+    _, target = served
+    info = json.loads(run_cli("info", "--target", target).stdout)
+    assert info["fake_engines"] is True and info["settings"]["engines.fake"] == "true"
+
+
 def test_sigterm_drains_and_exits_cleanly(served) -> None:
     proc, target = served
     proc.send_signal(signal.SIGTERM)

@@ -76,7 +76,7 @@ async def test_drain_reports_not_serving_and_finishes_in_flight_calls() -> None:
             assert await probe.health() == "SERVING"
             in_flight = asyncio.create_task(c.score([ITEM]))
             await asyncio.sleep(0.2)
-            drain = asyncio.create_task(r.server.stop(grace=5.0, drain_delay=0.4))
+            drain = asyncio.create_task(r.app.server.stop(grace=5.0, drain_delay=0.4))
             await asyncio.sleep(0.1)
             assert await probe.health() == "NOT_SERVING"
             results = await in_flight

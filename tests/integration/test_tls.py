@@ -43,4 +43,4 @@ def test_half_configured_tls_is_a_config_error(tmp_path) -> None:
 
     config = load_config(overrides=["server.port=0", f"server.tls_cert_file={tmp_path}/c.pem"], env={})
     with pytest.raises(ConfigError, match="must be set together"):
-        create_server(config, RewardService(config, judge=FakeJudge(), nli=FakeNLI()))
+        create_server(config.server, RewardService(judge=FakeJudge(), nli=FakeNLI()))

@@ -9,18 +9,19 @@ def test_defaults_match_the_papers() -> None:
     c = RewardServerConfig()
     assert (c.rubric.reward_lambda, c.rubric.margin_k, c.rubric.threshold) == (10.0, 20.0, 0.5)
     assert (c.rubric.min_rules, c.rubric.max_rules) == (2, 10)
-    assert (c.rubric.invalid_floor, c.rubric.format_floor) == (0.0, 0.1)
+    assert (c.service.policy_invalid_penalty, c.rubric.format_floor) == (0.0, 0.1)
     assert c.nli.threshold == 0.5
     assert c.server.auth_token is None
 
 
 def test_yaml_env_and_overrides_layer_in_order(tmp_path) -> None:
     f = tmp_path / "c.yaml"
-    f.write_text("server:\n  port: 1234\n  max_batch_items: 10\nrubric:\n  margin_k: 5\n")
+    f.write_text("server:\n  port: 1234\nservice:\n  limits:\n    max_batch_items: 10\n"
+                 "rubric:\n  margin_k: 5\n")
     env = {"REWARD_SERVER__SERVER__PORT": "2345", "REWARD_SERVER__RUBRIC__CARDINALITY": "linear"}
     c = load_config(f, overrides=["server.port=3456"], env=env)
     assert c.server.port == 3456  # override beats env beats file
-    assert c.server.max_batch_items == 10
+    assert c.service.limits.max_batch_items == 10
     assert c.rubric.margin_k == 5.0
     assert c.rubric.cardinality == "linear"
 
@@ -36,7 +37,9 @@ def test_token_from_environment() -> None:
     [
         (["server.port=-1"], "server.port"),
         (["server.bogus=1"], "server.bogus"),
-        (["judge.kind=gpt"], "judge.kind"),
+        (["engines.judge.kind=gpt"], "engines.judge"),
+        (["nli.model=x"], "nli.model"),
+        (["rubric.template_version=parl-v9"], "rubric.template_version"),
         (["rubric.threshold=1.5"], "rubric.threshold"),
         (["nli.long_premise=chop"], "nli.long_premise"),
         (["server.port"], "expected section.field=value"),
@@ -63,15 +66,49 @@ def test_missing_and_malformed_files(tmp_path) -> None:
         load_config(bad, env={})
 
 
+def _models(ann: object) -> list[type]:
+    """The pydantic models inside an annotation (unions, Annotated, Optional included)."""
+    import typing
+
+    if isinstance(ann, type) and hasattr(ann, "model_fields"):
+        return [ann]
+    return [m for arg in typing.get_args(ann) for m in _models(arg)]
+
+
 def test_every_field_is_documented() -> None:
-    def walk(model: type) -> list[str]:
+    def walk(model: type, seen: set[type]) -> list[str]:
         missing = []
-        for name, field in model.model_fields.items():
-            ann = field.annotation
-            if isinstance(ann, type) and hasattr(ann, "model_fields"):
-                missing += [f"{name}.{m}" for m in walk(ann)]
-            elif not field.description:
-                missing.append(name)
+        seen.add(model)
+        for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+            subs = _models(field.annotation)
+            if not subs and not field.description and name != "kind":
+                missing.append(f"{model.__name__}.{name}")
+            for sub in subs:
+                if sub not in seen:
+                    missing += [f"{name}.{m}" for m in walk(sub, seen)]
         return missing
 
-    assert walk(RewardServerConfig) == []
+    assert walk(RewardServerConfig, set()) == []
+
+
+def test_engines_are_a_union_on_kind_that_rejects_misplaced_fields() -> None:
+    c = load_config(overrides=["engines.judge={kind: openai, base_url: 'http://h:8000/v1', model: m}",
+                               "engines.nli.kind=judge"], env={})
+    assert c.engines.judge is not None and c.engines.judge.kind == "openai"
+    assert c.engines.nli is not None and c.engines.nli.batching.max_items == 256
+    with pytest.raises(ConfigError, match="base_url"):  # an openai field on a transformers judge
+        load_config(overrides=["engines.judge={kind: transformers, model: m, base_url: x}"], env={})
+    with pytest.raises(ConfigError, match=r"engines\.judge must be set"):
+        load_config(overrides=["engines.nli.kind=judge"], env={})
+
+
+def test_ray_knobs_are_refused_in_process_mode() -> None:
+    with pytest.raises(ConfigError, match=r"serving\.ray\.deploy is set but serving\.mode is inprocess"):
+        load_config(overrides=["serving.ray.deploy=false"], env={})
+    c = load_config(overrides=["serving.mode=ray", "serving.ray.deploy=false"], env={})
+    assert c.serving.ray.deploy is False
+
+
+def test_no_engine_by_default() -> None:
+    c = load_config(env={})
+    assert c.engines.judge is None and c.engines.nli is None and not c.engines.fake

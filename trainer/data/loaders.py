@@ -1,4 +1,4 @@
-"""Loaders for the three PARL data sets and our side files (METHODS §1.6).
+"""Loaders for the three PARL data sets and our side files (docs/parl.md §6).
 
 Formats (one user per record; ``.jsonl`` = one JSON object per line, ``.json`` = a JSON array):
 

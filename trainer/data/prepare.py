@@ -34,7 +34,8 @@ from trainer.data.loaders import (
     load_rules,
 )
 from trainer.data.records import DataFormatError, UserRecord
-from trainer.tasks.common import PERSONALIZED_KINDS, TASK_NAMES, build_row
+from trainer.tasks.common import PERSONALIZED_KINDS, TASK_NAMES
+from trainer.tasks.rows import build_row
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +97,8 @@ def to_trl(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(list(rows)), path)

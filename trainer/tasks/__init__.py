@@ -6,6 +6,7 @@ under the user's induced rules, NLICV constraints, or a weighted mix.
 :mod:`trainer.tasks.specs` turns an ``extra_info`` dict back into a reward-server item.
 """
 
-from trainer.tasks.common import TASK_NAMES, build_row
+from trainer.tasks.common import TASK_NAMES
+from trainer.tasks.rows import build_row
 
 __all__ = ["TASK_NAMES", "build_row"]

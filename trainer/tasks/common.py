@@ -3,7 +3,7 @@
 ``extra_info`` always carries the same keys (parquet columns need one schema across rows);
 unused ones are empty. Keys:
 
-kind          "parl" | "rubric_score" | "nli_constraints" | "weighted"
+kind          "parl_reward" | "rubric_score" | "nli_constraints" | "weighted" (RewardKind values)
 task          "amazon" | "news" | "reddit" | "generic"
 user_id, index
 history       [{"context", "text"}, ...]  (oldest first; PARL validation needs it)
@@ -18,15 +18,16 @@ aggregate, nli_reward_function             ("" = server default)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from reward_server.domain import ParlVariant, RubricAggregate
+from reward_server.domain import RewardKind
 from trainer.data.records import UserRecord
 
 TASK_NAMES = ("rubric_generator", "personalized_generator")
 DATA_SOURCE_PREFIX = "personal_reward"
-PERSONALIZED_KINDS = ("rubric_score", "nli_constraints", "weighted")
+PERSONALIZED_KINDS = (
+    RewardKind.RUBRIC_SCORE.value, RewardKind.NLI_CONSTRAINTS.value, RewardKind.WEIGHTED.value,
+)
 
 
 def data_source(task_name: str, record: UserRecord) -> str:
@@ -50,37 +51,4 @@ def base_extra_info(record: UserRecord, index: int) -> dict[str, Any]:
         "weights": {"rubric_score": 0.0, "nli_constraints": 0.0},
         "aggregate": "",
         "nli_reward_function": "",
-    }
-
-
-def build_row(
-    task_name: str,
-    record: UserRecord,
-    index: int,
-    *,
-    variant: ParlVariant = ParlVariant.PARL_A,
-    reward_kind: str = "rubric_score",
-    weights: Mapping[str, float] | None = None,
-    aggregate: RubricAggregate | None = None,
-    history_limit: int = 10,
-) -> dict[str, Any]:
-    """One verl row: ``data_source, prompt, ability, reward_model, extra_info``."""
-    from trainer.tasks import personalized_generator, rubric_generator
-
-    if task_name == "rubric_generator":
-        prompt = rubric_generator.build_prompt(record, history_limit=history_limit)
-        extra = rubric_generator.build_extra_info(record, index, variant=variant)
-    elif task_name == "personalized_generator":
-        prompt = personalized_generator.build_prompt(record, history_limit=history_limit)
-        extra = personalized_generator.build_extra_info(
-            record, index, reward_kind=reward_kind, weights=weights, aggregate=aggregate
-        )
-    else:
-        raise ValueError(f"unknown task {task_name!r}; choose one of {TASK_NAMES}")
-    return {
-        "data_source": data_source(task_name, record),
-        "prompt": prompt,
-        "ability": "personalization",
-        "reward_model": {"style": "model", "ground_truth": record.target.text},
-        "extra_info": extra,
     }

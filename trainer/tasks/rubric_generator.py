@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reward_server.domain import ParlVariant
+from reward_server.domain import ParlVariant, RewardKind
 from reward_server.rubric.settings import RubricSettings
 from reward_server.rubric.templates import generator_request
 from trainer.data.records import DataFormatError, UserRecord
@@ -39,6 +39,6 @@ def build_extra_info(
             "(pass --baselines FILE, or use --variant 0)",
         )
     extra = base_extra_info(record, index)
-    extra["kind"] = "parl"
+    extra["kind"] = RewardKind.PARL_REWARD.value
     extra["variant"] = variant.value
     return extra

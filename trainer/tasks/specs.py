@@ -1,8 +1,9 @@
 """``extra_info`` (as written by :mod:`trainer.tasks.common`) + a rollout -> a reward item.
 
-Also the fixed component keys each kind reports to the trainer: verl builds its per-sample
-metric arrays from the FIRST result's keys, so every result of a run must carry the same keys.
-A component the server did not compute (e.g. after a policy-invalid output) is NaN.
+Also the fixed component keys each kind reports to the trainer, read from the server's one
+declaration (:mod:`reward_server.components`): verl builds its per-sample metric arrays from the
+FIRST result's keys, so every result of a run must carry the same keys. A component the server
+did not compute (e.g. after a policy-invalid output) is NaN.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from reward_server import components
 from reward_server.domain import (
     HistoryItem,
     ItemSpec,
@@ -17,6 +19,7 @@ from reward_server.domain import (
     NliRewardFunction,
     ParlRewardSpec,
     ParlVariant,
+    RewardKind,
     RubricAggregate,
     RubricScoreSpec,
     Task,
@@ -24,14 +27,11 @@ from reward_server.domain import (
     WeightedSpec,
 )
 
+# The weighted kind the trainer builds: part 0 the rubric score, part 1 the NLI constraints.
+WEIGHTED_PARTS = (RewardKind.RUBRIC_SCORE, RewardKind.NLI_CONSTRAINTS)
 COMPONENT_KEYS: dict[str, tuple[str, ...]] = {
-    "parl": ("s_target", "gamma", "cardinality", "n_parsed", "n_valid", "floor_applied"),
-    "rubric_score": ("mean_p_yes", "fraction_satisfied", "all_satisfied", "n_rules"),
-    "nli_constraints": ("s_correct", "s_aligned", "correct", "aligned"),
-    "weighted": (
-        "part0.reward", "part0.mean_p_yes", "part0.fraction_satisfied",
-        "part1.reward", "part1.s_correct", "part1.s_aligned",
-    ),
+    **{k.value: components.fixed_names(k) for k in components.LEAF_KINDS},
+    RewardKind.WEIGHTED.value: components.weighted_names(WEIGHTED_PARTS),
 }
 STATUS_KEYS = ("policy_invalid", "reward_masked")
 
@@ -81,7 +81,7 @@ def _nli(extra: Mapping[str, Any], text: str) -> NliConstraintsSpec:
 def spec_from_extra_info(extra: Mapping[str, Any], solution_str: str) -> ItemSpec:
     """The reward item for one rollout ``solution_str`` of the row described by ``extra``."""
     kind = str(extra.get("kind") or "")
-    if kind == "parl":
+    if kind == RewardKind.PARL_REWARD.value:
         return ParlRewardSpec(
             history=tuple(_item(h) for h in _get(extra, "history")),
             policy_output=solution_str,

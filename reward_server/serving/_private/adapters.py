@@ -2,8 +2,7 @@
 
 The service layer sees ordinary engines; Ray stays behind this module. Per call:
 
-- a big call is split into pieces of ``items_per_call`` sent concurrently (they spread over
-  replicas and join their batches); results are joined back in input order;
+- calls arrive already cut to the engine's ``batching.max_items`` by the ingress batcher;
 - Serve's ``BackPressureError`` (the handle's queue is past ``max_queued_requests``) becomes
   :class:`Overloaded` at once, never retried here (the client backs off);
 - a replica that dies mid-call (``ActorDiedError`` and kin) is retried ``max_retries`` times
@@ -21,9 +20,9 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import (
     BackPressureError,
@@ -32,14 +31,49 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle
 
-from reward_server.backends.base import GenerationRequest, JudgePrompt, NLIPair, NLIScore
+from reward_server import metrics
+from reward_server.backends.base import GenerationRequest, Health, JudgePrompt, NLIPair, NLIScore
 from reward_server.errors import BackendUnavailable, Overloaded, RewardServerError
-from reward_server.serving import metrics
 
 logger = logging.getLogger(__name__)
 
 _REPLICA_GONE = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
 _TOKEN_CACHE = 65_536
+_HEALTH_TTL_S = 1.0
+
+
+def replica_counts(app: str) -> dict[str, int]:
+    """Replicas of one Serve application's deployments by state (a blocking Serve call)."""
+    apps = serve.status().applications
+    counts: dict[str, int] = {}
+    if app not in apps:
+        return counts
+    for dep in apps[app].deployments.values():
+        for state, n in dep.replica_states.items():
+            counts[str(state)] = counts.get(str(state), 0) + int(n)
+    return counts
+
+
+class ReplicaHealth:
+    """Healthy iff the application has a RUNNING replica (asked off the loop, cached 1 s)."""
+
+    def __init__(self, app: str) -> None:
+        self._app = app
+        self._cached: tuple[float, Health] | None = None
+
+    async def check(self) -> Health:
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < _HEALTH_TTL_S:
+            return self._cached[1]
+        try:
+            counts = await asyncio.to_thread(replica_counts, self._app)
+        except Exception as e:
+            h = Health(False, f"Serve status of {self._app} unavailable: {type(e).__name__}: {e}")
+        else:
+            running = counts.get("RUNNING", 0)
+            h = Health(running > 0, "" if running else f"{self._app} has no RUNNING replica {counts}")
+        self._cached = (now, h)
+        return h
 
 
 class HandleCaller:
@@ -50,25 +84,20 @@ class HandleCaller:
         handle: DeploymentHandle[Any],
         *,
         deployment: str,
-        items_per_call: int,
+        app: str,
         timeout_s: float,
         max_retries: int,
     ) -> None:
         self.handle = handle
         self._deployment = deployment
-        self._items_per_call = items_per_call
         self._timeout_s = timeout_s
         self._max_retries = max_retries
+        self.health = ReplicaHealth(app)
 
     async def call(self, method: str, items: Sequence[Any]) -> list[Any]:
         if not items:
             return []
-        step = self._items_per_call
-        pieces = [list(items[i : i + step]) for i in range(0, len(items), step)]
-        if len(pieces) == 1:
-            return await self._call_piece(method, pieces[0])
-        results = await asyncio.gather(*(self._call_piece(method, p) for p in pieces))
-        return [r for part in results for r in part]
+        return await self._call_piece(method, list(items))
 
     async def _call_piece(self, method: str, piece: list[Any]) -> list[Any]:
         attempt = 0
@@ -164,6 +193,9 @@ class RayJudge:
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         return await self._caller.call("generate", requests)
 
+    async def health(self) -> Health:
+        return await self._caller.health.check()
+
     async def close(self) -> None:
         """Nothing to free here; the deployment's lifetime belongs to RayEngines.shutdown."""
         return None
@@ -172,19 +204,15 @@ class RayJudge:
 class RayNLI:
     """An :class:`NLIEngine` whose work runs on the NLI deployment's replicas.
 
-    ``token_counts`` is synchronous in the protocol; it asks a replica (the tokenizer lives
-    there) from a helper thread and caches each text's count, so repeated texts cost nothing.
+    ``token_counts`` asks a replica (the tokenizer lives there) and caches each text's count
+    (bounded LRU), so repeated texts cost nothing.
     """
 
-    def __init__(
-        self, caller: HandleCaller, *, model_id: str, max_length: int, timeout_s: float
-    ) -> None:
+    def __init__(self, caller: HandleCaller, *, model_id: str, max_length: int) -> None:
         self._caller = caller
         self._model_id = model_id
         self._max_length = max_length
-        self._timeout_s = timeout_s
         self._counts: OrderedDict[str, int] = OrderedDict()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli-token-counts")
 
     @property
     def model_id(self) -> str:
@@ -198,27 +226,27 @@ class RayNLI:
     def handle(self) -> DeploymentHandle[Any]:
         return self._caller.handle
 
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
+    async def token_counts(self, texts: Sequence[str]) -> list[int]:
         missing = list(dict.fromkeys(t for t in texts if t not in self._counts))
         if missing:
-            counts = self._pool.submit(self._remote_counts, missing).result()
+            counts = await self._caller.call("token_counts", missing)
             for text, n in zip(missing, counts, strict=True):
-                self._counts[text] = n
+                self._counts[text] = int(n)
             while len(self._counts) > _TOKEN_CACHE:
                 self._counts.popitem(last=False)
-        return [self._counts[t] for t in texts]
-
-    def _remote_counts(self, texts: list[str]) -> list[int]:
-        try:
-            out = self._caller.handle.token_counts.remote(texts).result(
-                timeout_s=self._timeout_s
-            )
-        except _REPLICA_GONE as e:
-            raise BackendUnavailable(f"the NLI replica died while counting tokens: {e}") from e
-        return list(out)
+        out = []
+        for t in texts:
+            n = self._counts.get(t)
+            if n is None:  # evicted by a concurrent call meanwhile: ask again, alone
+                (n,) = await self._caller.call("token_counts", [t])
+            out.append(int(n))
+        return out
 
     async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
         return await self._caller.call("entailment", pairs)
 
+    async def health(self) -> Health:
+        return await self._caller.health.check()
+
     async def close(self) -> None:
-        self._pool.shutdown(wait=False)
+        return None

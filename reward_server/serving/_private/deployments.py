@@ -1,10 +1,11 @@
 """The Ray Serve deployments: one replica = one engine, with ``@serve.batch`` re-batching.
 
-Callers send small lists (one item, or a few); ``@serve.batch`` collects the concurrent calls
-that arrive within ``batch_wait_timeout_s`` until they hold ``max_batch_size`` items in total
-(``batch_size_fn`` counts items, not calls), flattens them into one engine call and splits the
-results back, in order, one list per call. A call bigger than ``max_batch_size`` is cut into
-pieces first, so no single call can exceed a batch.
+Ingresses send calls of at most ``max_items`` (their batcher cut them); ``@serve.batch``
+joins the calls already queued at the replica, up to ``max_items`` items in total
+(``batch_size_fn`` counts items, not calls) and without waiting for more (the ingress batcher
+holds the one timer), runs them as one engine call and splits the results back, in order, one
+list per call. A call bigger than ``max_items`` (an ingress of another version) is cut first,
+so no single call can exceed a batch.
 """
 
 from __future__ import annotations
@@ -15,31 +16,28 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from pydantic import TypeAdapter
 from ray import serve
 from ray.serve.metrics import Histogram
 
 from reward_server.backends.base import (
     GenerationRequest,
-    JudgeEngine,
     JudgePrompt,
-    NLIEngine,
     NLIPair,
     NLIScore,
 )
-from reward_server.config import JudgeBackendSettings, NLIBackendSettings
+from reward_server.backends.settings import JudgeSettings, NLIEngineSettings
 from reward_server.errors import BackendUnavailable
+from reward_server.serving.engines import JudgeFactory, NLIFactory
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-JudgeFactory = Callable[[JudgeBackendSettings], JudgeEngine]
-NLIFactory = Callable[[NLIBackendSettings], NLIEngine]
-
-_BATCH_LOG_LEN = 100_000
-_DEFAULT_MAX_BATCH = 64
-_DEFAULT_WAIT_S = 0.01
+_BATCH_LOG_LEN = 10_000
+_DEFAULT_MAX_BATCH = 256
+_WAIT_S = 0.0  # no timer here: the ingress batcher already waited
 
 
 def total_items(calls: list[Any]) -> int:
@@ -85,17 +83,21 @@ class _ReplicaBase:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Runtime knobs from ``user_config`` (see DeploymentSettings.user_config)."""
+        unknown = set(user_config) - {"max_batch_size", "unhealthy_after_failures"}
+        if unknown:
+            raise ValueError(
+                f"user_config keys {sorted(unknown)} are unknown; the replica reads "
+                "max_batch_size (= engines.<kind>.batching.max_items) and unhealthy_after_failures"
+            )
         self._max_batch_size = int(user_config.get("max_batch_size", self._max_batch_size))
-        wait_s = float(user_config.get("batch_wait_timeout_s", _DEFAULT_WAIT_S))
         self._unhealthy_after = int(
             user_config.get("unhealthy_after_failures", self._unhealthy_after)
         )
         for batcher in self._batchers():
             batcher.set_max_batch_size(self._max_batch_size)
-            batcher.set_batch_wait_timeout_s(wait_s)
+            batcher.set_batch_wait_timeout_s(_WAIT_S)
         logger.info(
-            "%s replica %s: max_batch_size=%d batch_wait_timeout_s=%.4f",
-            self.kind, self._replica_id, self._max_batch_size, wait_s,
+            "%s replica %s: max_batch_size=%d", self.kind, self._replica_id, self._max_batch_size
         )
 
     async def _run_engine(self, method: str, call: Awaitable[list[R]], n: int) -> list[R]:
@@ -151,7 +153,7 @@ class JudgeDeployment(_ReplicaBase):
         self, engine_settings: dict[str, Any], engine_factory: JudgeFactory | None = None
     ) -> None:
         super().__init__()
-        settings = JudgeBackendSettings.model_validate(engine_settings)
+        settings = TypeAdapter(JudgeSettings).validate_python(engine_settings)
         if engine_factory is None:
             from reward_server.backends.factory import build_judge
 
@@ -173,7 +175,7 @@ class JudgeDeployment(_ReplicaBase):
 
     @serve.batch(  # type: ignore[untyped-decorator]
         max_batch_size=_DEFAULT_MAX_BATCH,
-        batch_wait_timeout_s=_DEFAULT_WAIT_S,
+        batch_wait_timeout_s=_WAIT_S,
         batch_size_fn=total_items,
     )
     async def _p_yes_batch(self, calls: list[list[JudgePrompt]]) -> list[list[float]]:
@@ -183,7 +185,7 @@ class JudgeDeployment(_ReplicaBase):
 
     @serve.batch(  # type: ignore[untyped-decorator]
         max_batch_size=_DEFAULT_MAX_BATCH,
-        batch_wait_timeout_s=_DEFAULT_WAIT_S,
+        batch_wait_timeout_s=_WAIT_S,
         batch_size_fn=total_items,
     )
     async def _generate_batch(self, calls: list[list[GenerationRequest]]) -> list[list[str]]:
@@ -202,13 +204,11 @@ class NLIDeployment(_ReplicaBase):
         self, engine_settings: dict[str, Any], engine_factory: NLIFactory | None = None
     ) -> None:
         super().__init__()
-        settings = NLIBackendSettings.model_validate(engine_settings)
+        settings = TypeAdapter(NLIEngineSettings).validate_python(engine_settings)
         if engine_factory is None:
             from reward_server.backends.factory import build_nli
 
-            def engine_factory(s: NLIBackendSettings) -> NLIEngine:
-                return build_nli(s)
-
+            engine_factory = build_nli
         self._engine = engine_factory(settings)
         logger.info("NLI replica %s ready: %s", self._replica_id, self._engine.model_id)
 
@@ -218,15 +218,15 @@ class NLIDeployment(_ReplicaBase):
     def info(self) -> dict[str, Any]:
         return {"model_id": self._engine.model_id, "max_length": self._engine.max_length}
 
-    def token_counts(self, texts: list[str]) -> list[int]:
-        return self._engine.token_counts(texts)
+    async def token_counts(self, texts: list[str]) -> list[int]:
+        return await self._engine.token_counts(texts)
 
     async def entailment(self, pairs: list[NLIPair]) -> list[NLIScore]:
         return await self._pieces(pairs, self._entailment_batch)
 
     @serve.batch(  # type: ignore[untyped-decorator]
         max_batch_size=_DEFAULT_MAX_BATCH,
-        batch_wait_timeout_s=_DEFAULT_WAIT_S,
+        batch_wait_timeout_s=_WAIT_S,
         batch_size_fn=total_items,
     )
     async def _entailment_batch(self, calls: list[list[NLIPair]]) -> list[list[NLIScore]]:

@@ -1,4 +1,10 @@
-"""Start (or join) Ray, deploy or attach to the engine applications, hand back adapters."""
+"""Start (or join) Ray, deploy or attach to the engine applications, hand back adapters.
+
+The ingress side of a call: :class:`~reward_server.serving.batching.Batcher` (the engine's
+``batching`` window, pieces of at most ``max_items``) -> one handle call per piece -> the
+replica's ``@serve.batch`` (no timer: it joins the calls already queued, up to ``max_items``)
+-> the engine.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +21,13 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
-from reward_server.backends.batching import CoalescingJudge, CoalescingNLI
-from reward_server.config import RewardServerConfig
+from reward_server.backends.settings import EnginesSettings, JudgeNLISettings
 from reward_server.errors import BackendUnavailable, ConfigError
-from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayNLI
-from reward_server.serving._private.deployments import (
-    JudgeDeployment,
-    JudgeFactory,
-    NLIDeployment,
-    NLIFactory,
-)
-from reward_server.serving.settings import ServingSettings
+from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayNLI, replica_counts
+from reward_server.serving._private.deployments import JudgeDeployment, NLIDeployment
+from reward_server.serving.batching import BatchedJudge, BatchedNLI
+from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory
+from reward_server.serving.settings import RaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -35,27 +37,31 @@ SERVE_NAMESPACE = "serve"  # where Serve names its replica actors
 
 
 def judge_application(
-    config: RewardServerConfig, *, engine_factory: JudgeFactory | None = None
+    engines: EnginesSettings, ray_settings: RaySettings, *, engine_factory: JudgeFactory | None = None
 ) -> Any:
-    """The judge Serve application (a bound JudgeDeployment) built from ``config``."""
-    opts = config.serving.judge.deployment_options()
+    """The judge Serve application (a bound JudgeDeployment)."""
+    if engines.judge is None:
+        raise ConfigError("engines.judge is not set: there is no judge application to deploy")
+    opts = ray_settings.judge.deployment_options(max_items=engines.judge.batching.max_items)
     return JudgeDeployment.options(**opts).bind(  # type: ignore[attr-defined]
-        config.judge.model_dump(mode="json"), engine_factory
+        engines.judge.model_dump(mode="json"), engine_factory
     )
 
 
 def nli_application(
-    config: RewardServerConfig, *, engine_factory: NLIFactory | None = None
+    engines: EnginesSettings, ray_settings: RaySettings, *, engine_factory: NLIFactory | None = None
 ) -> Any:
-    """The NLI Serve application (a bound NLIDeployment) built from ``config``."""
-    if config.nli_engine.kind == "judge":
+    """The NLI Serve application (a bound NLIDeployment)."""
+    if engines.nli is None:
+        raise ConfigError("engines.nli is not set: there is no NLI application to deploy")
+    if isinstance(engines.nli, JudgeNLISettings):
         raise ConfigError(
-            "nli_engine.kind=judge has no NLI deployment: judge-as-NLI calls the judge "
+            "engines.nli.kind=judge has no NLI deployment: judge-as-NLI calls the judge "
             "deployment from the ingress; deploy only the judge application"
         )
-    opts = config.serving.nli.deployment_options()
+    opts = ray_settings.nli.deployment_options(max_items=engines.nli.batching.max_items)
     return NLIDeployment.options(**opts).bind(  # type: ignore[attr-defined]
-        config.nli_engine.model_dump(mode="json"), engine_factory
+        engines.nli.model_dump(mode="json"), engine_factory
     )
 
 
@@ -79,7 +85,7 @@ def _wait_running(app: str, timeout_s: float) -> None:
         time.sleep(0.5)
     raise BackendUnavailable(
         f"Serve application {app!r} is {status}, not RUNNING, after {timeout_s}s; deploy it "
-        "(deploy/serve_config.yaml) or set serving.deploy=true"
+        "(deploy/serve_config.yaml) or set serving.ray.deploy=true"
     )
 
 
@@ -98,59 +104,54 @@ def _delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
     logger.warning("Serve applications %s not deleted after %.0fs", names, timeout_s)
 
 
-class RayEngines:
+class RayEngines(Engines):
     """The engines as Ray Serve deployments, seen through JudgeEngine / NLIEngine adapters."""
+
+    mode = "ray"
 
     def __init__(
         self,
         *,
-        judge: RayJudge,
-        judge_engine: JudgeEngine,
+        judge: JudgeEngine,
         nli: NLIEngine,
+        ray_judge: RayJudge,
         ray_nli: RayNLI | None,
-        serving: ServingSettings,
+        settings: RaySettings,
         deployed: list[str],
         owns_ray: bool,
         connected_ray: bool,
     ) -> None:
-        self.judge: JudgeEngine = judge_engine
-        self.nli: NLIEngine = nli
-        self._ray_judge = judge
+        super().__init__(judge=judge, nli=nli)
+        self._ray_judge = ray_judge
         self._ray_nli = ray_nli
-        self._serving = serving
+        self._settings = settings
         self._deployed = deployed
         self._owns_ray = owns_ray
         self._connected_ray = connected_ray
-        self._closed = False
 
     @property
     def ray_judge(self) -> RayJudge:
-        """The judge adapter itself, without this process's call coalescing in front."""
+        """The judge adapter itself, without this process's batcher in front."""
         return self._ray_judge
 
     @property
     def ray_nli(self) -> RayNLI | None:
-        """The NLI adapter itself (None with nli_engine.kind=judge), without coalescing."""
+        """The NLI adapter itself (None with engines.nli.kind=judge), without the batcher."""
         return self._ray_nli
 
     def handle(self, kind: Kind) -> DeploymentHandle[Any]:
         if kind == "judge":
             return self._ray_judge.handle
         if self._ray_nli is None:
-            raise ConfigError("nli_engine.kind=judge: there is no NLI deployment")
+            raise ConfigError("engines.nli.kind=judge: there is no NLI deployment")
         return self._ray_nli.handle
 
     def app_name(self, kind: Kind) -> str:
-        return self._serving.app_name(kind)
+        return self._settings.app_name(kind)
 
     def replica_counts(self, kind: Kind) -> dict[str, int]:
         """Replicas of the deployment by state (RUNNING, STARTING, STOPPING, ...)."""
-        app = serve.status().applications[self.app_name(kind)]
-        counts: dict[str, int] = {}
-        for dep in app.deployments.values():
-            for state, n in dep.replica_states.items():
-                counts[str(state)] = counts.get(str(state), 0) + int(n)
-        return counts
+        return replica_counts(self.app_name(kind))
 
     async def batch_stats(self, kind: Kind, *, rounds: int = 10) -> dict[str, dict[str, Any]]:
         """Each running replica's formed batch sizes: ``{replica_id: batch_stats()}``.
@@ -173,14 +174,15 @@ class RayEngines:
                 break
         return seen
 
+    async def close(self) -> None:
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Delete the applications this process deployed (unless they live on an external
         cluster, where they are shared), then stop or leave Ray as appropriate."""
         if self._closed:
             return
         self._closed = True
-        if self._ray_nli is not None:
-            self._ray_nli._pool.shutdown(wait=False)
         try:
             if not self._connected_ray:
                 _blocking(lambda: _delete_apps(self._deployed))
@@ -191,44 +193,44 @@ class RayEngines:
                 ray.shutdown()
 
 
-def _ensure_ray(serving: ServingSettings) -> tuple[bool, bool]:
+def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
     """(owns_ray, connected_ray): started a local Ray here / joined an external cluster here."""
     if ray.is_initialized():
         return False, False
-    address = serving.ray_address or os.environ.get("RAY_ADDRESS")
+    address = settings.address or os.environ.get("RAY_ADDRESS")
     if address:
-        logger.info("joining Ray cluster at %s (namespace %s)", address, serving.namespace)
-        ray.init(address=address, namespace=serving.namespace)
+        logger.info("joining Ray cluster at %s (namespace %s)", address, settings.namespace)
+        ray.init(address=address, namespace=settings.namespace)
         return False, True
     logger.info("starting an embedded local Ray")
     ray.init(
-        num_cpus=serving.local_num_cpus,
-        num_gpus=serving.local_num_gpus,
-        namespace=serving.namespace,
+        num_cpus=settings.local_num_cpus,
+        num_gpus=settings.local_num_gpus,
+        namespace=settings.namespace,
         include_dashboard=False,
     )
     return True, False
 
 
 def _deploy_or_attach(
-    app: Any, name: str, serving: ServingSettings, deployed: list[str]
+    app: Any, name: str, settings: RaySettings, deployed: list[str]
 ) -> DeploymentHandle[Any]:
-    if serving.deploy:
+    if settings.deploy:
         logger.info("deploying Serve application %s", name)
         deployed.append(name)  # before serve.run: a failed deploy is cleaned up too
         return _blocking(lambda: serve.run(app, name=name, route_prefix=None))
-    _blocking(lambda: _wait_running(name, serving.ready_timeout_s))
+    _blocking(lambda: _wait_running(name, settings.ready_timeout_s))
     logger.info("attached to running Serve application %s", name)
     return _blocking(lambda: serve.get_app_handle(name))
 
 
-def _caller(handle: DeploymentHandle[Any], kind: Kind, serving: ServingSettings) -> HandleCaller:
+def _caller(handle: DeploymentHandle[Any], kind: Kind, settings: RaySettings) -> HandleCaller:
     return HandleCaller(
         handle,
         deployment=kind,
-        items_per_call=getattr(serving, kind).items_per_call,
-        timeout_s=serving.call_timeout_s,
-        max_retries=serving.max_retries,
+        app=settings.app_name(kind),
+        timeout_s=settings.call_timeout_s,
+        max_retries=settings.max_retries,
     )
 
 
@@ -237,51 +239,49 @@ def _info(handle: DeploymentHandle[Any], timeout_s: float) -> dict[str, Any]:
     return out
 
 
-def start_engines(
-    config: RewardServerConfig,
+def start_ray_engines(
+    engines: EnginesSettings,
+    settings: RaySettings,
     *,
     judge_factory: JudgeFactory | None = None,
     nli_factory: NLIFactory | None = None,
 ) -> RayEngines:
-    """See :func:`reward_server.serving.start_engines`."""
-    serving = config.serving
-    owns_ray, connected = _ensure_ray(serving)
+    """See :func:`reward_server.serving.start_engines` (``serving.mode: ray``)."""
+    assert engines.judge is not None and engines.nli is not None  # checked by start_engines
+    owns_ray, connected = _ensure_ray(settings)
     deployed: list[str] = []
     try:
-        if serving.deploy:
+        if settings.deploy:
             _blocking(lambda: serve.start(proxy_location="Disabled"))
-        app = judge_application(config, engine_factory=judge_factory) if serving.deploy else None
-        handle = _deploy_or_attach(app, serving.app_name("judge"), serving, deployed)
-        ray_judge = RayJudge(
-            _caller(handle, "judge", serving),
-            model_id=str(_info(handle, serving.ready_timeout_s)["model_id"]),
+        app = (
+            judge_application(engines, settings, engine_factory=judge_factory)
+            if settings.deploy else None
         )
-        judge: JudgeEngine = ray_judge
-        wait_s = serving.coalesce_wait_ms / 1000
-        if wait_s > 0:
-            judge = CoalescingJudge(
-                ray_judge, max_batch=serving.judge.items_per_call, max_wait_s=wait_s
-            )
+        handle = _deploy_or_attach(app, settings.app_name("judge"), settings, deployed)
+        ray_judge = RayJudge(
+            _caller(handle, "judge", settings),
+            model_id=str(_info(handle, settings.ready_timeout_s)["model_id"]),
+        )
+        judge: JudgeEngine = BatchedJudge(ray_judge, engines.judge.batching)
         nli: NLIEngine
         ray_nli: RayNLI | None = None
-        if config.nli_engine.kind == "judge":  # judge-as-NLI over the judge deployment
+        if isinstance(engines.nli, JudgeNLISettings):  # judge-as-NLI over the judge deployment
             from reward_server.backends.factory import build_nli
 
-            nli = build_nli(config.nli_engine, judge=judge)
+            nli = build_nli(engines.nli, judge=judge)
         else:
-            app = nli_application(config, engine_factory=nli_factory) if serving.deploy else None
-            handle = _deploy_or_attach(app, serving.app_name("nli"), serving, deployed)
-            info = _info(handle, serving.ready_timeout_s)
-            nli = ray_nli = RayNLI(
-                _caller(handle, "nli", serving),
+            app = (
+                nli_application(engines, settings, engine_factory=nli_factory)
+                if settings.deploy else None
+            )
+            handle = _deploy_or_attach(app, settings.app_name("nli"), settings, deployed)
+            info = _info(handle, settings.ready_timeout_s)
+            ray_nli = RayNLI(
+                _caller(handle, "nli", settings),
                 model_id=str(info["model_id"]),
                 max_length=int(info["max_length"]),
-                timeout_s=serving.call_timeout_s,
             )
-            if wait_s > 0:
-                nli = CoalescingNLI(
-                    ray_nli, max_batch=serving.nli.items_per_call, max_wait_s=wait_s
-                )
+            nli = BatchedNLI(ray_nli, engines.nli.batching)
     except BaseException:
         if not connected:
             _blocking(lambda: _delete_apps(deployed))
@@ -290,11 +290,11 @@ def start_engines(
             ray.shutdown()
         raise
     return RayEngines(
-        judge=ray_judge,
-        judge_engine=judge,
+        judge=judge,
         nli=nli,
+        ray_judge=ray_judge,
         ray_nli=ray_nli,
-        serving=serving,
+        settings=settings,
         deployed=deployed,
         owns_ray=owns_ray,
         connected_ray=connected,

@@ -10,49 +10,53 @@ import pytest
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.fake import FakeJudge, FakeNLI
-from reward_server.config import (
-    JudgeBackendSettings,
-    NLIBackendSettings,
-    RewardServerConfig,
-    load_config,
-)
+from reward_server.backends.settings import JudgeSettings, NLIEngineSettings
+from reward_server.config import RewardServerConfig, load_config
+from reward_server.serving import Engines, start_engines
 
 
 def serving_config(prefix: str, overrides: Sequence[str] = ()) -> RewardServerConfig:
     """ray mode, fake engines, replicas that take no CPU (2-core CI), short autoscaling delays."""
     base = [
+        "engines={judge: {kind: fake}, nli: {kind: fake}}",
         "serving.mode=ray",
-        f"serving.app_prefix={prefix}",
-        "serving.call_timeout_s=60",
-        "serving.ready_timeout_s=120",
+        f"serving.ray.app_prefix={prefix}",
+        "serving.ray.call_timeout_s=60",
+        "serving.ray.ready_timeout_s=120",
     ]
     for kind in ("judge", "nli"):
         base += [
-            f"serving.{kind}.num_cpus=0",
-            f"serving.{kind}.upscale_delay_s=0.5",
-            f"serving.{kind}.downscale_delay_s=2",
-            f"serving.{kind}.look_back_period_s=1",
-            f"serving.{kind}.health_check_period_s=2",
+            f"serving.ray.{kind}.num_cpus=0",
+            f"serving.ray.{kind}.upscale_delay_s=0.5",
+            f"serving.ray.{kind}.downscale_delay_s=2",
+            f"serving.ray.{kind}.look_back_period_s=1",
+            f"serving.ray.{kind}.health_check_period_s=2",
         ]
     return load_config(overrides=[*base, *overrides], env={})
 
 
+def start(config: RewardServerConfig, **factories: Any) -> Any:
+    """start_engines for a test config (RayEngines in ray mode)."""
+    engines: Engines = start_engines(config.engines, config.serving, **factories)
+    return engines
+
+
 def fake_judge_factory(
     *, latency_s: float = 0.0, n_scripted: int = 0
-) -> Callable[[JudgeBackendSettings], JudgeEngine]:
+) -> Callable[[JudgeSettings], JudgeEngine]:
     """A replica-side factory: FakeJudge with latency; ``generate`` with seed i answers
     ``out-i`` (i < n_scripted), so every answer names the request it belongs to."""
     scripted = [f"out-{i}" for i in range(n_scripted)] or None
 
-    def make(settings: JudgeBackendSettings) -> JudgeEngine:  # a closure: pickled by value
-        return FakeJudge(scripted=scripted, latency_s=latency_s, model_id=f"fake:{settings.model}")
+    def make(settings: JudgeSettings) -> JudgeEngine:  # a closure: pickled by value
+        return FakeJudge(scripted=scripted, latency_s=latency_s, model_id=f"fake:{settings.kind}")
 
     return make
 
 
-def fake_nli_factory(*, latency_s: float = 0.0) -> Callable[[NLIBackendSettings], NLIEngine]:
-    def make(settings: NLIBackendSettings) -> NLIEngine:
-        return FakeNLI(max_length=settings.max_length, latency_s=latency_s)
+def fake_nli_factory(*, latency_s: float = 0.0) -> Callable[[NLIEngineSettings], NLIEngine]:
+    def make(settings: NLIEngineSettings) -> NLIEngine:
+        return FakeNLI(max_length=getattr(settings, "max_length", 512), latency_s=latency_s)
 
     return make
 
@@ -66,6 +70,7 @@ def kit() -> SimpleNamespace:
     """The helpers above, for test modules (conftest modules are not importable)."""
     return SimpleNamespace(
         config=serving_config,
+        start=start,
         judge_factory=fake_judge_factory,
         nli_factory=fake_nli_factory,
         all_sizes=all_sizes,

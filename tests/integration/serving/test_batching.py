@@ -16,7 +16,9 @@ from reward_server.backends.base import (
     NLIEngine,
     NLIPair,
 )
-from reward_server.serving import RayEngines, start_engines
+from reward_server.domain import Task
+from reward_server.rubric.templates import judge_prompt
+from reward_server.serving import RayEngines
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +28,7 @@ TERMS = " ".join(f'"k{j}"' for j in range(10))  # ten quoted key terms k0..k9
 def prompt(i: int) -> JudgePrompt:
     covered = i % 11  # the text holds k0..k{covered-1}: p_yes = 0.02 + 0.96 * covered / 10
     text = " ".join([f"k{j}" for j in range(covered)] + [f"filler{i}"])
-    return JudgePrompt(system="", prefix="", suffix="", context="", text=text, rule=TERMS)
+    return judge_prompt("", text, TERMS, Task.GENERIC)
 
 
 def expected_p(i: int) -> float:
@@ -38,16 +40,12 @@ def engines(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
     config = kit.config(
         "t-batch",
         [
-            "serving.coalesce_wait_ms=0",  # every call its own Ray call: @serve.batch alone
-            "serving.judge.max_batch_size=32",
-            "serving.judge.batch_wait_timeout_s=0.02",
-            "serving.judge.max_items_per_call=64",
-            "serving.nli.max_batch_size=32",
-            "serving.nli.batch_wait_timeout_s=0.02",
+            "engines.judge.batching.wait_ms=0",
+            "engines.judge.batching.max_items=32",
+            "engines.nli.batching.max_items=32",
         ],
     )
-    eng = start_engines(
-        config,
+    eng = kit.start(config,
         judge_factory=kit.judge_factory(latency_s=0.05, n_scripted=200),
         nli_factory=kit.nli_factory(latency_s=0.05),
     )
@@ -55,28 +53,39 @@ def engines(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
     eng.shutdown()
 
 
-def test_adapters_implement_the_engine_protocols(engines: RayEngines) -> None:
+async def test_adapters_implement_the_engine_protocols(engines: RayEngines) -> None:
     assert isinstance(engines.judge, JudgeEngine)
     assert isinstance(engines.nli, NLIEngine)
-    assert engines.judge.model_id == "fake:HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert engines.judge.model_id == "fake:fake"
     assert engines.nli.model_id == "fake-nli"
     assert engines.nli.max_length == 512
-    assert engines.nli.token_counts(["one two three", "four", "one two three"]) == [3, 1, 3]
+    assert await engines.nli.token_counts(["one two three", "four", "one two three"]) == [3, 1, 3]
+    health = await engines.health()
+    assert health["judge"].ok and health["nli"].ok
 
 
-async def test_concurrent_single_item_calls_are_served_in_batches(
-    engines: RayEngines, kit: Any
-) -> None:
-    before = sum(kit.all_sizes(await engines.batch_stats("judge"), "p_yes"))
-    results = await asyncio.gather(*(engines.judge.p_yes([prompt(i)]) for i in range(200)))
+async def test_replicas_join_queued_calls_without_a_timer(engines: RayEngines, kit: Any) -> None:
+    """Straight to the handle (no ingress batcher): each call is its own Ray call, and the
+    replica's @serve.batch joins the ones queued while the engine was busy."""
+    before = kit.all_sizes(await engines.batch_stats("judge"), "p_yes")
+    raw = engines.ray_judge
+    results = await asyncio.gather(*(raw.p_yes([prompt(i)]) for i in range(200)))
     for i, r in enumerate(results):
         assert r == [pytest.approx(expected_p(i))], i
-    sizes = kit.all_sizes(await engines.batch_stats("judge"), "p_yes")
-    assert sum(sizes) - before == 200  # every item ran in exactly one engine batch
-    assert max(sizes) > 1
-    assert max(sizes) <= 32
+    sizes = kit.all_sizes(await engines.batch_stats("judge"), "p_yes")[len(before):]
+    assert sum(sizes) == 200  # every item ran in exactly one engine batch
+    assert 1 < max(sizes) <= 32
     # 200 calls, 50 ms engine latency: batching must have cut the engine calls a lot
     assert len(sizes) <= 100
+
+
+async def test_the_ingress_batcher_packs_single_item_calls(engines: RayEngines, kit: Any) -> None:
+    stats = engines.judge.batcher.stats  # type: ignore[attr-defined]
+    ray_calls = stats.batches
+    results = await asyncio.gather(*(engines.judge.p_yes([prompt(i)]) for i in range(200)))
+    assert [r[0] for r in results] == [pytest.approx(expected_p(i)) for i in range(200)]
+    assert stats.batches - ray_calls <= 200 // 32 + 2  # pieces of at most max_items
+    assert max(list(stats.recent)[-(stats.batches - ray_calls):]) == 32
 
 
 async def test_a_big_call_is_split_and_joined_back_in_order(engines: RayEngines) -> None:
@@ -117,8 +126,8 @@ async def test_empty_calls_do_not_reach_the_replicas(engines: RayEngines) -> Non
 async def test_a_second_ingress_attaches_without_redeploying(
     engines: RayEngines, kit: Any
 ) -> None:
-    config = kit.config("t-batch", ["serving.deploy=false"])
-    other = start_engines(config)  # no factories: it deploys nothing, it only attaches
+    config = kit.config("t-batch", ["serving.ray.deploy=false"])
+    other = kit.start(config)  # no factories: it deploys nothing, it only attaches
     try:
         stats_before = await engines.batch_stats("judge")
         scores = await other.judge.p_yes([prompt(i) for i in range(30)])
@@ -138,13 +147,11 @@ async def test_batching_knobs_change_at_runtime(engines: RayEngines, kit: Any) -
     config = kit.config(
         "t-batch",
         [
-            "serving.coalesce_wait_ms=0",
-            "serving.judge.max_batch_size=8",
-            "serving.judge.batch_wait_timeout_s=0.05",
+            "engines.judge.batching.wait_ms=0",
+            "engines.judge.batching.max_items=8",
         ],
     )
-    again = start_engines(
-        config, judge_factory=kit.judge_factory(latency_s=0.05, n_scripted=200),
+    again = kit.start(config, judge_factory=kit.judge_factory(latency_s=0.05, n_scripted=200),
         nli_factory=kit.nli_factory(latency_s=0.05),
     )
     try:

@@ -43,9 +43,9 @@ async def test_serve_in_ray_mode_scores_and_exits_cleanly_on_sigterm(ray_session
     cmd = [
         sys.executable, "-m", "reward_server", "serve", "--fake", "--port", "0",
         "--address", address,
-        "--set", f"serving.app_prefix={PREFIX}",
-        "--set", "serving.judge.num_cpus=0",
-        "--set", "serving.nli.num_cpus=0",
+        "--set", f"serving.ray.app_prefix={PREFIX}",
+        "--set", "serving.ray.judge.num_cpus=0",
+        "--set", "serving.ray.nli.num_cpus=0",
         "--set", "server.grace_period_s=2",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("REWARD_SERVER")}

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from reward_server.backends.base import GenerationRequest, JudgePrompt
+from reward_server import metrics as m
+from reward_server.backends.base import GenerationRequest
+from reward_server.domain import Task
 from reward_server.errors import BackendUnavailable, Overloaded
-from reward_server.serving import RayEngines, start_engines
-from reward_server.serving import metrics as m
+from reward_server.rubric.templates import judge_prompt
+from reward_server.serving import RayEngines
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +38,13 @@ def two_replicas(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
     config = kit.config(
         "t-kill",
         [
-            "nli_engine.kind=judge",  # no NLI deployment: not needed here
-            "serving.judge.min_replicas=2",
-            "serving.judge.max_replicas=2",
-            "serving.judge.max_batch_size=16",
-            "serving.judge.batch_wait_timeout_s=0.01",
+            "engines.nli.kind=judge",  # no NLI deployment: not needed here
+            "serving.ray.judge.min_replicas=2",
+            "serving.ray.judge.max_replicas=2",
+            "engines.judge.batching.max_items=16",
         ],
     )
-    eng = start_engines(config, judge_factory=kit.judge_factory(latency_s=0.1, n_scripted=1000))
+    eng = kit.start(config, judge_factory=kit.judge_factory(latency_s=0.1, n_scripted=1000))
     yield eng
     eng.shutdown()
 
@@ -87,14 +88,14 @@ def tiny(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
     config = kit.config(
         "t-load",
         [
-            "nli_engine.kind=judge",
-            "serving.coalesce_wait_ms=0",
-            "serving.judge.max_ongoing_requests=2",
-            "serving.judge.max_queued_requests=2",
-            "serving.judge.max_batch_size=1",
+            "engines.nli.kind=judge",
+            "engines.judge.batching.wait_ms=0",
+            "serving.ray.judge.max_ongoing_requests=2",
+            "serving.ray.judge.max_queued_requests=2",
+            "engines.judge.batching.max_items=1",
         ],
     )
-    eng = start_engines(config, judge_factory=kit.judge_factory(latency_s=1.0, n_scripted=50))
+    eng = kit.start(config, judge_factory=kit.judge_factory(latency_s=1.0, n_scripted=50))
     yield eng
     eng.shutdown()
 
@@ -133,14 +134,14 @@ def autoscaled(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
     config = kit.config(
         "t-scale",
         [
-            "nli_engine.kind=judge",
-            "serving.judge.min_replicas=1",
-            "serving.judge.max_replicas=3",
-            "serving.judge.target_ongoing_requests=2",
-            "serving.judge.max_batch_size=1",
+            "engines.nli.kind=judge",
+            "serving.ray.judge.min_replicas=1",
+            "serving.ray.judge.max_replicas=3",
+            "serving.ray.judge.target_ongoing_requests=2",
+            "engines.judge.batching.max_items=1",
         ],
     )
-    eng = start_engines(config, judge_factory=kit.judge_factory(latency_s=0.2))
+    eng = kit.start(config, judge_factory=kit.judge_factory(latency_s=0.2))
     yield eng
     eng.shutdown()
 
@@ -148,7 +149,7 @@ def autoscaled(ray_session: Any, kit: Any) -> Iterator[RayEngines]:
 async def test_replicas_scale_up_under_load_within_bounds_and_back_down(
     autoscaled: RayEngines,
 ) -> None:
-    prompt = JudgePrompt(system="", prefix="", suffix="", context="", text="x", rule='"x"')
+    prompt = judge_prompt("", "x", '"x"', Task.GENERIC)
     assert autoscaled.replica_counts("judge") == {"RUNNING": 1}
     stop = asyncio.Event()
     peak = 1

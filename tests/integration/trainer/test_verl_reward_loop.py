@@ -13,11 +13,9 @@ import pytest_asyncio
 
 pytest.importorskip("verl", reason="verl is the train extra: pip install -e .[train]")
 
-from reward_server.backends.fake import FakeJudge, FakeNLI
+from reward_server.app import start_app
 from reward_server.client import RewardCallError
 from reward_server.config import load_config
-from reward_server.rpc.server import create_server
-from reward_server.service import RewardService
 from trainer import verl_runner
 from trainer.data.prepare import build_rows, sample_records
 
@@ -42,11 +40,11 @@ def tokenizer_path() -> str:
 
 @pytest_asyncio.fixture(scope="module")
 async def server() -> AsyncIterator[str]:
-    config = load_config(overrides=["server.port=0", "server.drain_delay_s=0"], env={})
-    srv, port = create_server(config, RewardService(config, judge=FakeJudge(), nli=FakeNLI()))
-    await srv.start()
-    yield f"127.0.0.1:{port}"
-    await srv.stop(grace=1.0, drain_delay=0)
+    config = load_config(overrides=["server.port=0", "server.drain_delay_s=0",
+                                    "engines={judge: {kind: fake}, nli: {kind: fake}}"], env={})
+    app = await start_app(config)
+    yield f"127.0.0.1:{app.port}"
+    await app.stop(grace=1.0, drain_delay=0)
 
 
 def worker(tokenizer_path: str, target: str, *extra: str):  # type: ignore[no-untyped-def]

@@ -16,9 +16,9 @@ import ray
 import yaml
 from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
+from reward_server import app as serve_app
 from reward_server.config import load_config
-from reward_server.serving import app as serve_app
-from reward_server.serving.settings import DeploymentSettings, ServingSettings
+from reward_server.serving.settings import DeploymentSettings, RaySettings
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 GRPC_PORT = 50051
@@ -39,13 +39,13 @@ def _check_serve_config(raw: dict[str, Any]) -> ServeDeploySchema:
     schema = ServeDeploySchema.model_validate(raw)
     apps = {a.name: a for a in schema.applications}
     assert set(apps) == {"reward-judge", "reward-nli"}
-    serving = ServingSettings.model_validate({})
-    assert serving.app_name("judge") in apps and serving.app_name("nli") in apps
+    ray_settings = RaySettings.model_validate({})
+    assert ray_settings.app_name("judge") in apps and ray_settings.app_name("nli") in apps
     expected_cls = {"reward-judge": "JudgeDeployment", "reward-nli": "NLIDeployment"}
-    user_keys = set(DeploymentSettings.model_validate({}).user_config())
+    user_keys = set(DeploymentSettings.model_validate({}).user_config(max_items=1))
     for name, a in apps.items():
         module, _, attr = a.import_path.partition(":")
-        assert module == "reward_server.serving.app" and callable(getattr(serve_app, attr))
+        assert module == "reward_server.app" and callable(getattr(serve_app, attr))
         (dep,) = a.deployments
         assert dep.name == expected_cls[name]
         assert dep.max_ongoing_requests > 5  # above Serve's default so batches fill
@@ -54,8 +54,8 @@ def _check_serve_config(raw: dict[str, Any]) -> ServeDeploySchema:
         assert 1 <= auto["min_replicas"] <= auto["initial_replicas"] <= auto["max_replicas"]
         assert auto["target_ongoing_requests"] > 0
         assert dep.ray_actor_options.num_gpus > 0
-        assert set(dep.user_config) == user_keys
-        assert dep.user_config["max_batch_size"] >= 1
+        # the batch size is not set here: it comes from engines.<kind>.batching.max_items
+        assert set(dep.user_config) == user_keys - {"max_batch_size"}
     assert apps["reward-judge"].deployments[0].ray_actor_options.num_gpus == 1
     return schema
 
@@ -77,10 +77,11 @@ def test_serve_config_args_build_applications(builder: str) -> None:
 
 def test_settings_produce_valid_deployment_options() -> None:
     for kind in ("judge", "nli"):
-        settings = getattr(ServingSettings.model_validate({}), kind)
-        opts = settings.deployment_options()
+        settings = getattr(RaySettings.model_validate({}), kind)
+        opts = settings.deployment_options(max_items=96)
         DeploymentSchema.model_validate({"name": "X", **opts})
         assert opts["max_ongoing_requests"] == 256 and opts["max_queued_requests"] == 2048
+        assert opts["user_config"]["max_batch_size"] == 96
 
 
 def test_settings_refuse_inverted_replica_bounds() -> None:
@@ -105,9 +106,18 @@ def test_ray_cluster_yaml_matches_rays_autoscaler_schema() -> None:
 
 def test_cluster_reward_server_config_loads_and_attaches() -> None:
     config = load_config(DEPLOY / "reward_server_config.yaml", env={})
-    assert config.serving.mode == "ray" and config.serving.deploy is False
+    assert config.serving.mode == "ray" and config.serving.ray.deploy is False
     assert config.server.port == GRPC_PORT and config.server.host == "0.0.0.0"
-    assert config.serving.app_name("judge") == "reward-judge"
+    assert config.serving.ray.app_name("judge") == "reward-judge"
+    assert config.engines.judge is not None and config.engines.judge.kind == "vllm"
+    assert config.engines.nli is not None and config.engines.nli.kind == "transformers"
+
+
+def test_cpu_local_config_loads() -> None:
+    config = load_config(DEPLOY / "cpu_local.yaml", env={})
+    assert config.engines.judge is not None and config.engines.judge.kind == "transformers"
+    assert config.engines.nli is not None and config.engines.nli.kind == "judge"
+    assert config.serving.mode == "ray" and not config.engines.fake
 
 
 def test_rayservice_embeds_the_serve_config_and_exposes_grpc() -> None:

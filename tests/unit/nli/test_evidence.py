@@ -85,4 +85,4 @@ async def test_cumulative_extra_pass_when_ablation_is_new() -> None:
         settings=NLISettings(evidence_mode="cumulative"),
     )
     assert v.evidence[0].critical_premise == (1,)
-    assert nli.batch_sizes == [4, 1, 1]
+    assert list(nli.batch_sizes) == [4, 1, 1]

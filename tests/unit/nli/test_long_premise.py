@@ -41,7 +41,7 @@ async def test_windows_find_it_without_truncation() -> None:
     )
     assert (v.s_correct, v.s_aligned, v.truncated) == (0.98, 0.98, False)
     assert v.regime is Regime.PERSONALIZATION
-    assert nli.batch_sizes == [6]  # 2 constraints x 3 windows, one call
+    assert list(nli.batch_sizes) == [6]  # 2 constraints x 3 windows, one call
     out = await nli_constraints_reward(nli, NliConstraintsSpec(RESPONSE, "Paris", "x"), settings)
     assert out.components["windowed"] == 1.0 and out.components["truncated"] == 0.0
 
@@ -51,7 +51,7 @@ async def test_short_premise_is_not_windowed() -> None:
     settings = NLISettings(long_premise="windows")
     out = await nli_constraints_reward(nli, NliConstraintsSpec(RESPONSE, "Paris", "x"), settings)
     assert out.components["windowed"] == 0.0
-    assert nli.batch_sizes == [2]
+    assert list(nli.batch_sizes) == [2]
 
 
 def test_pack_windows() -> None:

@@ -8,12 +8,12 @@ from reward_server.backends.fake import FakeNLI
 from reward_server.domain import NliConstraintsSpec, NliRewardFunction, Regime
 from reward_server.nli import (
     NLISettings,
-    interested,
+    VerifyInput,
     nli_constraints_reward,
-    nli_constraints_rewards,
-    related,
+    reward_of,
     template_versions,
     verify,
+    verify_batch,
 )
 
 RESPONSE = "Paris is the capital of France. Museums line the river."
@@ -37,7 +37,7 @@ async def test_regimes(answer: str, preference: str, regime: Regime, s_c: float,
         settings=NLISettings(),
     )
     assert (v.s_correct, v.s_aligned, v.regime, v.truncated) == (s_c, s_a, regime, False)
-    assert nli.batch_sizes == [2]  # both constraints in one engine call
+    assert list(nli.batch_sizes) == [2]  # both constraints in one engine call
 
 
 async def test_empty_side_scores_zero_without_engine_call() -> None:
@@ -51,7 +51,7 @@ async def test_empty_side_scores_zero_without_engine_call() -> None:
         settings=NLISettings(),
     )
     assert (v.s_correct, v.s_aligned, v.regime) == (0.0, 0.98, Regime.SYCOPHANCY)
-    assert nli.batch_sizes == [1]
+    assert list(nli.batch_sizes) == [1]
     nli2 = FakeNLI()
     v2 = await verify(
         nli2,
@@ -62,7 +62,7 @@ async def test_empty_side_scores_zero_without_engine_call() -> None:
         settings=NLISettings(),
     )
     assert (v2.s_correct, v2.s_aligned, v2.regime) == (0.0, 0.0, Regime.FAILURE)
-    assert nli2.batch_sizes == []
+    assert list(nli2.batch_sizes) == []
 
 
 def test_threshold_is_strict() -> None:
@@ -112,22 +112,13 @@ async def test_components() -> None:
     }
 
 
-async def test_many_specs_one_engine_call_and_dedupe() -> None:
+async def test_many_items_one_engine_call_and_dedupe() -> None:
     nli = FakeNLI()
-    specs = [NliConstraintsSpec(RESPONSE, a, p) for a, p, *_ in CASES]
-    outs = await nli_constraints_rewards(nli, specs, NLISettings())
-    assert [o.reward for o in outs] == [1.0, 0.5, 0.0, 0.0]
+    items = [VerifyInput(RESPONSE, a, p) for a, p, *_ in CASES]
+    outs = await verify_batch(nli, items, NLISettings())
+    assert [reward_of(NliRewardFunction.REGIME, v, NLISettings()) for v in outs] == [1.0, 0.5, 0.0, 0.0]
     # 4 distinct hypotheses over one premise: 8 queries, 4 distinct pairs, one call
-    assert nli.batch_sizes == [4]
-
-
-async def test_input_predicates() -> None:
-    s = NLISettings()
-    nli = FakeNLI()
-    assert await interested(nli, profile="I love jazz records.", preference="jazz", settings=s) == 0.98
-    assert await interested(nli, profile="I love jazz.", preference="opera", settings=s) == 0.02
-    assert await related(nli, query="Who wrote jazz standards?", preference="jazz", settings=s) == 0.98
-    assert await related(nli, query="", preference="jazz", settings=s) == 0.0
+    assert list(nli.batch_sizes) == [4]
 
 
 def test_template_versions_track_templates() -> None:

@@ -1,4 +1,4 @@
-"""The PARL formulas of METHODS §1.4, by hand."""
+"""The PARL formulas of docs/parl.md §4, by hand."""
 
 from __future__ import annotations
 

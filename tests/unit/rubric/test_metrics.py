@@ -1,4 +1,4 @@
-"""Metrics of METHODS §1.5 on a tiny hand-computed table."""
+"""Metrics of docs/parl.md §5 on a tiny hand-computed table."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ async def test_variants_exact(variant: ParlVariant, expected: float) -> None:
     assert c["gamma"] == pytest.approx(GAMMA, rel=1e-9)
     assert c["cardinality"] == 1.0
     # Two batched judge calls: validation (3 items x 4 rules), scoring ((1+3) texts x 2 rules).
-    assert judge.batch_sizes == [12, 8]
+    assert list(judge.batch_sizes) == [12, 8]
 
 
 async def test_linear_cardinality() -> None:
@@ -99,7 +99,7 @@ async def test_too_few_survivors_gets_format_floor() -> None:
     assert out.policy_invalid is None  # a policy outcome with status OK, not malformed
     assert out.reward == pytest.approx(0.1)
     assert out.components["n_valid"] == 1 and out.components["floor_applied"] == 1.0
-    assert judge.batch_sizes == [9]  # validation only, no scoring call
+    assert list(judge.batch_sizes) == [9]  # validation only, no scoring call
 
 
 async def test_too_many_survivors_gets_format_floor() -> None:
@@ -130,13 +130,13 @@ async def test_too_many_survivors_gets_format_floor() -> None:
         ("", "empty output"),
     ],
 )
-async def test_malformed_outputs_get_invalid_floor(output: str, reason_part: str) -> None:
+async def test_malformed_outputs_are_policy_invalid(output: str, reason_part: str) -> None:
     judge = FakeJudge()
-    out = await parl_reward(judge, spec(output), RubricSettings(invalid_floor=-0.5))
-    assert out.reward == -0.5
+    out = await parl_reward(judge, spec(output), RubricSettings())
+    assert out.reward is None  # the service gives it service.policy_invalid_penalty
     assert out.policy_invalid is not None and reason_part in out.policy_invalid
     assert out.components["n_valid"] == 0 and out.components["floor_applied"] == 1.0
-    assert judge.batch_sizes == []  # never reaches the judge
+    assert list(judge.batch_sizes) == []  # never reaches the judge
 
 
 async def test_short_and_long_rules_are_skipped_not_fatal() -> None:
@@ -153,7 +153,7 @@ async def test_all_rules_filtered_by_length_gives_format_floor_without_judge() -
     judge = FakeJudge()
     out = await parl_reward(judge, spec(rules_json('"a" rule', '"b" rule')), RubricSettings())
     assert out.reward == 0.1 and out.components["n_length_ok"] == 0
-    assert judge.batch_sizes == []
+    assert list(judge.batch_sizes) == []
 
 
 async def test_history_limit_uses_last_items_only() -> None:
@@ -175,7 +175,7 @@ async def test_early_exit_judges_in_rounds_with_same_result() -> None:
     full = await parl_reward(FakeJudge(), spec(rules_json(R1, R2, R3, R4)), RubricSettings())
     assert out.reward == full.reward
     # item 1: 4 rules (R4 fails); item 2: 3 rules (R3 fails); item 3: 2 rules; then scoring.
-    assert judge.batch_sizes == [4, 3, 2, 8]
+    assert list(judge.batch_sizes) == [4, 3, 2, 8]
 
 
 async def test_think_block_and_fence_are_stripped() -> None:

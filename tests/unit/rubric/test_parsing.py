@@ -1,4 +1,4 @@
-"""Golden cases for the generator-output parser (METHODS §1.1, §1.3)."""
+"""Golden cases for the generator-output parser (docs/parl.md §1, §3)."""
 
 from __future__ import annotations
 

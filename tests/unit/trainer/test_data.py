@@ -114,7 +114,7 @@ def test_parl_rows_have_verls_schema_and_round_trip(tmp_path: Path) -> None:
         assert got["reward_model"] == {"style": "model", "ground_truth": want["reward_model"][
             "ground_truth"]}
         assert got["extra_info"] == want["extra_info"]
-        assert got["extra_info"]["variant"] == "B" and got["extra_info"]["kind"] == "parl"
+        assert got["extra_info"]["variant"] == "B" and got["extra_info"]["kind"] == "parl_reward"
         assert [m["role"] for m in got["prompt"]] == ["system", "user"]
     assert ds[0]["data_source"] == "personal_reward/rubric_generator/amazon"
 

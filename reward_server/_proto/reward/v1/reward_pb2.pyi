@@ -294,7 +294,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("api_version", "server_version", "judge_model", "nli_model", "template_versions", "settings")
+    __slots__ = ("api_version", "server_version", "judge_model", "nli_model", "template_versions", "settings", "components", "fake_engines")
     class TemplateVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -315,10 +315,30 @@ class InfoResponse(_message.Message):
     NLI_MODEL_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    FAKE_ENGINES_FIELD_NUMBER: _ClassVar[int]
     api_version: str
     server_version: str
     judge_model: str
     nli_model: str
     template_versions: _containers.ScalarMap[str, str]
     settings: _containers.ScalarMap[str, str]
-    def __init__(self, api_version: _Optional[str] = ..., server_version: _Optional[str] = ..., judge_model: _Optional[str] = ..., nli_model: _Optional[str] = ..., template_versions: _Optional[_Mapping[str, str]] = ..., settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    components: _containers.RepeatedCompositeFieldContainer[RewardKindComponents]
+    fake_engines: bool
+    def __init__(self, api_version: _Optional[str] = ..., server_version: _Optional[str] = ..., judge_model: _Optional[str] = ..., nli_model: _Optional[str] = ..., template_versions: _Optional[_Mapping[str, str]] = ..., settings: _Optional[_Mapping[str, str]] = ..., components: _Optional[_Iterable[_Union[RewardKindComponents, _Mapping]]] = ..., fake_engines: _Optional[bool] = ...) -> None: ...
+
+class RewardComponent(_message.Message):
+    __slots__ = ("name", "meaning")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEANING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    meaning: str
+    def __init__(self, name: _Optional[str] = ..., meaning: _Optional[str] = ...) -> None: ...
+
+class RewardKindComponents(_message.Message):
+    __slots__ = ("kind", "components")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    components: _containers.RepeatedCompositeFieldContainer[RewardComponent]
+    def __init__(self, kind: _Optional[str] = ..., components: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ...) -> None: ...

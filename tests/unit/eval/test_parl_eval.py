@@ -1,4 +1,4 @@
-"""``eval parl`` end to end on the FakeJudge (judge.kind=fake), values computed by hand."""
+"""``eval parl`` end to end on the FakeJudge (engines.judge.kind=fake), values computed by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reward_server.rubric.cli import register, run_parl_eval
+from reward_server.eval.parl import register, run_parl_eval
 
 RA = 'The text uses the word "alpha".'
 RB = 'The text uses the word "beta".'
@@ -42,7 +42,7 @@ def test_eval_parl_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     out = tmp_path / "out"
     args = parser.parse_args([
         "parl", "--rubrics", str(tmp_path / "R.jsonl"), "--predictions", str(pred), "--out", str(out),
-        "--set", "judge.kind=fake", "--no-progress",
+        "--set", "engines.judge.kind=fake", "--no-progress",
     ])  # fmt: skip
     assert run_parl_eval(args) == 0
     res = json.loads((out / "parl_eval.json").read_text())
@@ -69,6 +69,6 @@ def test_missing_gt_is_an_error(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["parl", "--rubrics", str(tmp_path / "R.jsonl"), "--predictions",
-                              str(tmp_path / "p"), "--out", str(tmp_path / "o"), "--set", "judge.kind=fake",
+                              str(tmp_path / "p"), "--out", str(tmp_path / "o"), "--set", "engines.judge.kind=fake",
                               "--no-progress"])  # fmt: skip
     assert run_parl_eval(args) == 2

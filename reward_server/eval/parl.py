@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gt", default="gt", help="method name of the ground truth (file gt.jsonl)")
     p.add_argument("--config", "-c", type=Path, help="YAML config file (judge backend, rubric settings)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set judge.kind=transformers")  # fmt: skip
+                   help="override a config field, e.g. --set engines.judge.model=smollm2-local")  # fmt: skip
     p.add_argument("--chunk", type=int, default=16, help="samples per batched judge call")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG bar chart")
@@ -141,7 +141,7 @@ def summarize(
     gt: str,
     threshold: float,
 ) -> dict[str, Any]:
-    """Every metric of METHODS §1.5 from judged samples per method."""
+    """Every metric of docs/parl.md §5 from judged samples per method."""
     rule_sets = {u: r.rules for u, r in rubrics.items()}
     methods: dict[str, dict[str, float]] = {}
     for name, table in judged.items():
@@ -252,8 +252,8 @@ def _json_safe(x: Any) -> Any:
 
 def run_parl_eval(args: argparse.Namespace) -> int:
     """Entry point of ``reward-server eval parl``; returns the exit code."""
-    from reward_server.backends.factory import build_judge
     from reward_server.config import load_config
+    from reward_server.serving import start_engines
 
     cfg = load_config(args.config, overrides=args.overrides)
     try:
@@ -261,16 +261,16 @@ def run_parl_eval(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    judge = build_judge(cfg.judge)
+    engines = start_engines(cfg.engines, cfg.serving, require=("judge",))
 
     async def go() -> dict[str, Any]:
         try:
             return await evaluate(
-                judge, rubrics, args.predictions, gt=args.gt, settings=cfg.rubric,
+                engines.judge, rubrics, args.predictions, gt=args.gt, settings=cfg.rubric,
                 chunk=args.chunk, progress=not args.no_progress,
             )  # fmt: skip
         finally:
-            await judge.close()
+            await engines.close()
 
     try:
         result = asyncio.run(go())

@@ -13,7 +13,7 @@ Outputs in ``--out``: ``results.jsonl`` (per item: id, gold, regime, s_correct, 
 truncated, and evidence with ``--evidence``), ``summary.json`` (per-regime means and accuracy,
 Mean Acc, confusion matrix gold x predicted, items/s, model id, template versions, settings) and
 ``confusion.png`` (a heatmap; needs matplotlib, the ``eval`` extra). The engine comes from the
-config (``nli_engine``; ``--set nli_engine.kind=transformers --set nli_engine.model=...``).
+config (``engines.nli``; ``--set engines.nli.kind=transformers --set engines.nli.model=...``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.domain import Regime, Verification
+from reward_server.eval import progress_bar
 from reward_server.nli.metrics import EvalSummary, format_table, summarize
 from reward_server.nli.verifier import REGIME_ORDER, VerifyInput, template_versions, verify_batch
 
@@ -82,12 +83,6 @@ def read_items(path: Path) -> list[EvalItem]:
     return items
 
 
-def _progress(total: int, enabled: bool) -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="item", file=sys.stderr, disable=not enabled)
 
 
 async def evaluate(
@@ -95,11 +90,11 @@ async def evaluate(
     progress: bool = True,
 ) -> tuple[list[Verification], EvalSummary, str]:  # fmt: skip
     """Verify every item (``chunk`` items per engine pass) and summarize; returns the model id."""
-    from reward_server.backends.factory import build_judge, build_nli
+    from reward_server.serving import start_engines
 
-    judge = build_judge(config.judge) if config.nli_engine.kind == "judge" else None
-    nli = build_nli(config.nli_engine, judge=judge)
-    bar = _progress(len(items), progress)
+    engines = start_engines(config.engines, config.serving, require=("nli",))
+    nli = engines.nli
+    bar = progress_bar(len(items), progress)
     results: list[Verification] = []
     start = time.perf_counter()
     try:
@@ -111,9 +106,7 @@ async def evaluate(
     finally:
         if bar is not None:
             bar.close()
-        await nli.close()
-        if judge is not None:
-            await judge.close()
+        await engines.close()
     seconds = time.perf_counter() - start
     return results, summarize([it.gold for it in items], results, seconds=seconds), nli.model_id
 

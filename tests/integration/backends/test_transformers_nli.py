@@ -12,9 +12,9 @@ transformers = pytest.importorskip("transformers")
 from reward_server.backends.base import NLIPair  # noqa: E402
 from reward_server.backends.fake import FakeJudge  # noqa: E402
 from reward_server.backends.judge_nli import JudgeAsNLI  # noqa: E402
+from reward_server.backends.settings import TransformersNLISettings  # noqa: E402
 from reward_server.backends.tiny_models import build_tiny_nli_model  # noqa: E402
 from reward_server.backends.transformers_nli import TransformersNLI, make_batches  # noqa: E402
-from reward_server.config import NLIBackendSettings  # noqa: E402
 from reward_server.domain import Regime  # noqa: E402
 from reward_server.errors import ModelLoadError  # noqa: E402
 from reward_server.nli import NLISettings, verify  # noqa: E402
@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _engine(model_dir: Path, **kw: object) -> TransformersNLI:
-    settings = NLIBackendSettings(kind="transformers", model=str(model_dir), device="cpu", **kw)
+    settings = TransformersNLISettings(model=str(model_dir), device="cpu", **kw)
     return TransformersNLI.from_settings(settings)
 
 
@@ -76,7 +76,7 @@ async def test_truncation_reported_and_premise_cut(model_dir: Path) -> None:
     scores = await engine.entailment([long_pair, short_pair])
     assert scores[0].truncated and not scores[1].truncated
     assert scores[0].entailment == pytest.approx(_manual(model_dir, long_pair, 16)[2], abs=1e-5)
-    assert engine.token_counts(["Someone is making music.", ""]) == [5, 0]
+    assert await engine.token_counts(["Someone is making music.", ""]) == [5, 0]
 
 
 async def test_unnamed_labels_fail_loudly(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ async def test_judge_as_nli_on_fake_judge() -> None:
         ]
     )
     assert [s.entailment for s in scores] == pytest.approx([0.98, 0.02, 0.02 + 0.96 / 2])
-    assert judge.batch_sizes == [3]
+    assert list(judge.batch_sizes) == [3]
     v = await verify(nli, response="Jazz music from New Orleans.", answer="music",
                      preference="orleans", evidence=False, settings=NLISettings())  # fmt: skip
     assert v.regime is Regime.PERSONALIZATION

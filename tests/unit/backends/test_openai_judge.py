@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pytest
 
 from reward_server.backends.base import GenerationRequest
-from reward_server.backends.openai_judge import OpenAIJudge, fold_answer_logprobs
+from reward_server.backends.openai_judge import OpenAIJudge
 from reward_server.domain import Task
 from reward_server.errors import BackendUnavailable
 from reward_server.rubric.templates import judge_prompt
@@ -93,12 +93,6 @@ def base_url() -> Iterator[str]:
 
 def sig(x: float) -> float:
     return 1 / (1 + math.exp(-x))
-
-
-def test_fold() -> None:
-    l_yes, l_no = fold_answer_logprobs([(" Yes", math.log(0.2)), ("yes", math.log(0.3)), ("NO", math.log(0.1))])
-    assert l_yes == pytest.approx(math.log(0.5)) and l_no == pytest.approx(math.log(0.1))
-    assert fold_answer_logprobs([("maybe", -1.0)]) == (None, None)
 
 
 async def test_p_yes_exact_and_forced_missing_side(base_url: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reward_server.domain import Regime, Verification
-from reward_server.nli.cli import read_items, register
+from reward_server.eval.nli import read_items, register
 from reward_server.nli.metrics import format_table, summarize
 
 P, G, S, F = Regime.PERSONALIZATION, Regime.GENERALIZATION, Regime.SYCOPHANCY, Regime.FAILURE
@@ -65,7 +65,7 @@ def test_eval_nli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     out = tmp_path / "out"
     args = parser.parse_args(
         ["nli", "--input", str(inp), "--out", str(out), "--no-progress", "--evidence",
-         "--set", "nli_engine.kind=fake", "--chunk", "2"]
+         "--set", "engines.nli.kind=fake", "--chunk", "2"]
     )  # fmt: skip
     assert args.fn(args) == 0
     summary = json.loads((out / "summary.json").read_text())

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from reward_server.backends.base import GenerationRequest, JudgeEngine
+from reward_server.backends.settings import TransformersJudgeSettings
 from reward_server.backends.smollm2 import local_smollm2_path
-from reward_server.config import JudgeBackendSettings
 from reward_server.domain import HistoryItem, ParlRewardSpec, ParlVariant, Task
 from reward_server.rubric import RubricSettings, parl_reward
 from reward_server.rubric.templates import judge_prompts
@@ -38,7 +38,7 @@ def judge() -> Iterator[TransformersJudge]:  # noqa: F821
 
     local_smollm2_path()  # converts once per cache dir
     j = TransformersJudge.from_settings(
-        JudgeBackendSettings(kind="transformers", model="smollm2-local", device="cpu", max_batch_size=4)
+        TransformersJudgeSettings(model="smollm2-local", device="cpu", forward_batch_size=4)
     )
     yield j
 
@@ -48,7 +48,8 @@ def _prompts() -> list:  # type: ignore[type-arg]
 
 
 def test_protocol_and_token_ids(judge: JudgeEngine) -> None:
-    from reward_server.backends.transformers_judge import TransformersJudge, answer_token_ids
+    from reward_server.backends.transformers_judge import TransformersJudge
+    from reward_server.backends.yes_no import answer_token_ids
 
     assert isinstance(judge, JudgeEngine) and judge.model_id == "smollm2-local"
     assert isinstance(judge, TransformersJudge)

@@ -1,0 +1,134 @@
+"""The composition root: configuration -> engines -> service -> gRPC server.
+
+Everything that runs a reward server builds it here: ``reward-server serve``, the tests and the
+benchmarks::
+
+    app = await start_app(load_config("deploy/cpu_local.yaml"))
+    print(app.target)            # host:port the gRPC server listens on
+    await app.stop()             # drain, stop, close the engines
+
+The Serve application builders named by ``deploy/serve_config.yaml`` and the KubeRay
+RayService (``import_path: reward_server.app:judge_app``) live here too: they read the same
+configuration and hand its sections to the hosting layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from reward_server.config import RewardServerConfig, load_config
+from reward_server.errors import ConfigError
+from reward_server.rpc.server import RewardGrpcServer, create_server
+from reward_server.service import RewardService
+from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
+
+logger = logging.getLogger(__name__)
+
+
+def build_service(config: RewardServerConfig, engines: Engines) -> RewardService:
+    """The orchestration layer over ``engines`` with the config's science and limits."""
+    return RewardService(
+        judge=engines.judge,
+        nli=engines.nli,
+        settings=config.service,
+        rubric_settings=config.rubric,
+        nli_settings=config.nli,
+        fake_engines=config.engines.fake,
+    )
+
+
+@dataclass
+class RewardApp:
+    """A started reward server: its engines, service and gRPC server."""
+
+    config: RewardServerConfig
+    engines: Engines
+    service: RewardService
+    server: RewardGrpcServer
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"{self.config.server.host}:{self.port}"
+
+    async def wait_for_termination(self) -> None:
+        """Until a drain (SIGTERM, SIGINT or :meth:`stop`) has finished; then closes engines."""
+        try:
+            await self.server.wait_for_termination()
+        finally:
+            await self.engines.close()
+
+    async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
+        """Drain the gRPC server (see :meth:`RewardGrpcServer.stop`), then close the engines."""
+        try:
+            await self.server.stop(grace, drain_delay=drain_delay)
+        finally:
+            await self.engines.close()
+
+
+async def start_app(
+    config: RewardServerConfig,
+    *,
+    judge_factory: JudgeFactory | None = None,
+    nli_factory: NLIFactory | None = None,
+) -> RewardApp:
+    """Start the engines (blocking while models load), build the service, start serving.
+
+    ``judge_factory`` / ``nli_factory`` replace the engine factories (tests, benchmarks).
+    """
+    engines = start_engines(
+        config.engines, config.serving, judge_factory=judge_factory, nli_factory=nli_factory
+    )
+    try:
+        service = build_service(config, engines)
+        server, port = create_server(config.server, service)
+        if config.server.metrics_port is not None:
+            from reward_server.metrics import start_metrics_server
+
+            start_metrics_server(config.server.metrics_port, addr=config.server.host)
+        await server.start()
+    except BaseException:
+        await engines.close()
+        raise
+    logger.info(
+        "reward server listening on %s:%d (judge=%s, nli=%s, serving=%s%s)",
+        config.server.host, port, engines.judge.model_id, engines.nli.model_id,
+        config.serving.mode, ", FAKE ENGINES" if config.engines.fake else "",
+    )
+    return RewardApp(config=config, engines=engines, service=service, server=server, port=port)
+
+
+# ------------------------------------------------------------------- Ray Serve applications
+def _serve_config(args: dict[str, Any]) -> RewardServerConfig:
+    unknown = set(args) - {"config", "overrides"}
+    if unknown:
+        raise ConfigError(
+            f"Serve application args {sorted(unknown)} are unknown; use 'config' (a YAML path) "
+            "and 'overrides' (a list of section.field=value)"
+        )
+    overrides = args.get("overrides") or []
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    return load_config(args.get("config"), overrides=list(overrides))
+
+
+def judge_app(args: dict[str, Any]) -> Any:
+    """The judge Serve application (for ``serve deploy``; ``args``: config, overrides).
+
+    Deployment options in the Serve config file's ``deployments:`` section take precedence over
+    the ones derived from ``serving.ray.judge`` here (Serve's rule: config file over code).
+    """
+    from reward_server.serving._private.runtime import judge_application
+
+    config = _serve_config(args)
+    return judge_application(config.engines, config.serving.ray)
+
+
+def nli_app(args: dict[str, Any]) -> Any:
+    """The NLI Serve application (for ``serve deploy``; ``args``: config, overrides)."""
+    from reward_server.serving._private.runtime import nli_application
+
+    config = _serve_config(args)
+    return nli_application(config.engines, config.serving.ray)

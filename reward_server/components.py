@@ -1,0 +1,106 @@
+"""THE declaration of every reward component: name and meaning, per reward kind.
+
+An :class:`~reward_server.domain.ItemResult` carries, besides its reward, named numbers in
+``components``. They are declared here once: the science modules produce exactly these names
+(tests hold them to it), ``Info`` serves them, and the trainers log the fixed ones from here,
+so a rename on the server cannot turn into silent NaN columns in a training log.
+
+A name with ``{i}`` is a family indexed 0, 1, ... (one per rule, per baseline, per part).
+``weighted`` items report, per part ``j``, ``part{j}.reward``, ``part{j}.weight`` and every
+component of the part's own kind under ``part{j}.``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from reward_server.domain import ComponentInfo, Regime, RewardKind
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    meaning: str
+
+    @property
+    def indexed(self) -> bool:
+        return "{i}" in self.name
+
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(re.escape(self.name).replace(re.escape("{i}"), r"\d+") + r"\Z")
+
+
+_RUBRIC = (
+    Component("mean_p_yes", "mean over the rules of the judge's p_yes (S in PARL)"),
+    Component("fraction_satisfied", "share of rules with p_yes > rubric.threshold"),
+    Component("all_satisfied", "1 if every rule has p_yes > rubric.threshold, else 0"),
+    Component("n_rules", "number of rules judged"),
+    Component("p_yes.{i}", "the judge's p_yes for rule i"),
+)
+_PARL = (
+    Component("s_target", "S(y_T; R): mean p_yes of the user's real text under the surviving rules"),
+    Component("s_baseline.{i}", "S(y_b; R) of baseline output i"),
+    Component("delta.{i}", "s_target - s_baseline.i"),
+    Component("gamma", "margin product: prod_b sigmoid(k * delta_b)"),
+    Component("cardinality", "C: min(1, |R|/2) or |R|/10 over the surviving rules"),
+    Component("n_parsed", "rules parsed from the policy output"),
+    Component("n_length_ok", "parsed rules within the length bounds"),
+    Component("n_valid", "rules that survived validation on the whole history"),
+    Component("floor_applied", "1 if the reward is a floor (invalid output or rule count out of bounds)"),
+)
+_NLI = (
+    Component("s_correct", "entailment score of Correct(response, answer)"),
+    Component("s_aligned", "entailment score of Aligned(response, preference)"),
+    Component("correct", "1 if s_correct > nli.threshold"),
+    Component("aligned", "1 if s_aligned > nli.threshold"),
+    Component("truncated", "1 if a pair did not fit the NLI model and was cut"),
+    Component("windowed", "1 if the premise was split into sentence windows"),
+    *(Component(f"regime.{r.value}", f"1 if the regime is {r.value}") for r in Regime),
+)
+_WEIGHTED = (
+    Component("part{i}.reward", "reward of part i (the penalty if its policy output was invalid)"),
+    Component("part{i}.weight", "weight of part i"),
+)
+
+COMPONENTS: Mapping[RewardKind, tuple[Component, ...]] = {
+    RewardKind.RUBRIC_SCORE: _RUBRIC,
+    RewardKind.PARL_REWARD: _PARL,
+    RewardKind.NLI_CONSTRAINTS: _NLI,
+    RewardKind.WEIGHTED: _WEIGHTED,
+}
+LEAF_KINDS = (RewardKind.RUBRIC_SCORE, RewardKind.PARL_REWARD, RewardKind.NLI_CONSTRAINTS)
+
+
+def fixed_names(kind: RewardKind) -> tuple[str, ...]:
+    """The components of ``kind`` that are not indexed families (what trainers log)."""
+    return tuple(c.name for c in COMPONENTS[kind] if not c.indexed)
+
+
+def weighted_names(part_kinds: Sequence[RewardKind]) -> tuple[str, ...]:
+    """The fixed components of a weighted item whose part ``j`` has kind ``part_kinds[j]``."""
+    out: list[str] = []
+    for j, kind in enumerate(part_kinds):
+        out += [f"part{j}.reward", f"part{j}.weight"]
+        out += [f"part{j}.{name}" for name in fixed_names(kind)]
+    return tuple(out)
+
+
+def is_declared(kind: RewardKind, name: str) -> bool:
+    """Whether ``name`` is a component ``kind`` may report."""
+    if kind is RewardKind.WEIGHTED:
+        m = re.match(r"part\d+\.(.+)\Z", name)
+        if m is None:
+            return False
+        rest = m.group(1)
+        return rest in ("reward", "weight") or any(is_declared(k, rest) for k in LEAF_KINDS)
+    return any(c.pattern().match(name) for c in COMPONENTS[kind])
+
+
+def info() -> dict[str, tuple[ComponentInfo, ...]]:
+    """The declaration as ``Info`` serves it: kind -> (name, meaning) pairs."""
+    return {
+        kind.value: tuple(ComponentInfo(c.name, c.meaning) for c in comps)
+        for kind, comps in COMPONENTS.items()
+    }

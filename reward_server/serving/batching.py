@@ -1,0 +1,205 @@
+"""Merge concurrent engine calls into batches: the one batching stage in front of an engine.
+
+verl sends one reward request per finished rollout, so the server sees many concurrent calls of
+a few prompts each. :class:`Batcher` packs the items of the calls that arrive within
+``wait_ms`` of a batch's first item into engine calls of at most ``max_items`` (a big call is
+spread over several batches; a batch can hold pieces of several calls), then hands each caller
+its own results, in order. If an engine call fails, every caller with items in it gets the
+exception: a failure is never turned into numbers. The same block runs in front of an
+in-process engine and in front of a Ray Serve deployment handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from reward_server import metrics
+from reward_server.backends.base import (
+    GenerationRequest,
+    Health,
+    JudgeEngine,
+    JudgePrompt,
+    NLIEngine,
+    NLIPair,
+    NLIScore,
+)
+from reward_server.backends.settings import BatchingSettings
+from reward_server.errors import BackendUnavailable
+
+logger = logging.getLogger(__name__)
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+RECENT_BATCHES = 1024  # batch sizes kept for tests and benchmarks (bounded)
+
+
+@dataclass
+class BatchStats:
+    """Counters of one batcher; ``recent`` holds the latest batch sizes only."""
+
+    batches: int = 0
+    items: int = 0
+    largest: int = 0
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES))
+
+    def record(self, n: int) -> None:
+        self.batches += 1
+        self.items += n
+        self.largest = max(self.largest, n)
+        self.recent.append(n)
+
+
+class _Batch(Generic[Q, R]):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.items: list[Q] = []
+        self.future: asyncio.Future[list[R]] = loop.create_future()
+
+
+class Batcher(Generic[Q, R]):
+    """Packs concurrent ``submit`` calls into calls of ``fn`` (see the module doc)."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[Q]], Awaitable[list[R]]],
+        *,
+        max_items: int,
+        wait_s: float,
+        name: str = "engine",
+    ) -> None:
+        if max_items < 1 or wait_s < 0:
+            raise ValueError("max_items must be >= 1 and wait_s >= 0")
+        self._fn = fn
+        self._max_items = max_items
+        self._wait_s = wait_s
+        self._name = name
+        self._current: _Batch[Q, R] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.stats = BatchStats()
+
+    @property
+    def max_items(self) -> int:
+        return self._max_items
+
+    async def submit(self, items: Sequence[Q]) -> list[R]:
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        segments: list[tuple[_Batch[Q, R], int, int]] = []
+        i = 0
+        while i < len(items):
+            batch = self._current
+            if batch is None:
+                batch = self._current = _Batch(loop)
+                self._timer = loop.call_later(self._wait_s, self._flush)
+            take = items[i : i + self._max_items - len(batch.items)]
+            start = len(batch.items)
+            batch.items.extend(take)
+            segments.append((batch, start, start + len(take)))
+            i += len(take)
+            if len(batch.items) >= self._max_items:
+                self._flush()
+        out: list[R] = []
+        for batch, a, b in segments:
+            # shield: a caller that is cancelled must not cancel a batch other callers share
+            out.extend((await asyncio.shield(batch.future))[a:b])
+        return out
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._current = self._current, None
+        if batch is not None and batch.items:
+            task = asyncio.ensure_future(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: _Batch[Q, R]) -> None:
+        n = len(batch.items)
+        self.stats.record(n)
+        metrics.observe_batch(self._name, n)
+        try:
+            results = await self._fn(batch.items)
+            if len(results) != n:
+                raise RuntimeError(
+                    f"{self._name} engine returned {len(results)} results for {n} inputs"
+                )
+        except asyncio.CancelledError:  # the server is stopping: the callers learn it
+            self._fail(batch, BackendUnavailable(
+                f"the {self._name} engine call was cancelled before it answered; retry the call"
+            ))
+            raise
+        except Exception as exc:  # every caller with items in this batch sees the failure
+            self._fail(batch, exc)
+            return
+        if not batch.future.done():
+            batch.future.set_result(results)
+
+    @staticmethod
+    def _fail(batch: _Batch[Q, R], exc: BaseException) -> None:
+        if not batch.future.done():
+            batch.future.set_exception(exc)
+            batch.future.exception()  # retrieved: nothing is logged if every caller went away
+
+
+class BatchedJudge:
+    """A JudgeEngine whose ``p_yes`` calls go through a :class:`Batcher`."""
+
+    def __init__(self, engine: JudgeEngine, batching: BatchingSettings, *, name: str = "judge") -> None:
+        self.engine = engine
+        self.batcher: Batcher[JudgePrompt, float] = Batcher(
+            engine.p_yes, max_items=batching.max_items, wait_s=batching.wait_ms / 1000, name=name
+        )
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        return await self.batcher.submit(prompts)
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        return await self.engine.generate(requests)
+
+    async def health(self) -> Health:
+        return await self.engine.health()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class BatchedNLI:
+    """An NLIEngine whose ``entailment`` calls go through a :class:`Batcher`."""
+
+    def __init__(self, engine: NLIEngine, batching: BatchingSettings, *, name: str = "nli") -> None:
+        self.engine = engine
+        self.batcher: Batcher[NLIPair, NLIScore] = Batcher(
+            engine.entailment, max_items=batching.max_items, wait_s=batching.wait_ms / 1000,
+            name=name,
+        )
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    @property
+    def max_length(self) -> int:
+        return self.engine.max_length
+
+    async def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return await self.engine.token_counts(texts)
+
+    async def entailment(self, pairs: Sequence[NLIPair]) -> list[NLIScore]:
+        return await self.batcher.submit(pairs)
+
+    async def health(self) -> Health:
+        return await self.engine.health()
+
+    async def close(self) -> None:
+        await self.engine.close()

@@ -1,0 +1,84 @@
+"""The hosting API: ``start_engines(engines, serving) -> Engines``, in-process or on Ray Serve.
+
+    engines = start_engines(config.engines, config.serving)
+    service = RewardService(judge=engines.judge, nli=engines.nli, ...)
+    ...
+    await engines.close()
+
+Either way the judge and the NLI engine come back behind one
+:class:`~reward_server.serving.batching.Batcher` each (the engine's ``batching`` block), so
+the service never sees how they are hosted:
+
+- ``serving.mode: inprocess`` builds the engines here (:mod:`reward_server.backends.factory`);
+- ``serving.mode: ray`` starts or joins Ray, deploys (or attaches to) one Serve application per
+  engine and wraps their handles (:mod:`reward_server.serving._private.runtime`; Ray is
+  imported only then). It blocks while models load: call it before serving.
+
+``judge_factory`` / ``nli_factory`` replace the engine factory (in-process: called here; Ray:
+pickled to each replica), for tests and benchmarks that need a particular engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from reward_server.backends.base import JudgeEngine, NLIEngine
+from reward_server.backends.settings import EnginesSettings, JudgeNLISettings
+from reward_server.errors import ConfigError
+from reward_server.serving.batching import BatchedJudge, BatchedNLI
+from reward_server.serving.engines import (
+    EngineName,
+    Engines,
+    JudgeFactory,
+    NLIFactory,
+    Unconfigured,
+    missing_engines,
+)
+from reward_server.serving.settings import ServingSettings
+
+logger = logging.getLogger(__name__)
+
+
+def start_engines(
+    engines: EnginesSettings,
+    serving: ServingSettings,
+    *,
+    judge_factory: JudgeFactory | None = None,
+    nli_factory: NLIFactory | None = None,
+    require: Sequence[EngineName] = ("judge", "nli"),
+) -> Engines:
+    """Build or attach to the engines named by ``engines``, hosted as ``serving`` says.
+
+    An engine in ``require`` that ``engines`` does not name is a ConfigError listing the
+    choices; one not required becomes :class:`Unconfigured`.
+    """
+    problem = missing_engines(engines, require)
+    if problem is not None:
+        raise ConfigError(problem)
+    if engines.fake:
+        logger.warning(
+            "FAKE ENGINES (judge=%s, nli=%s): deterministic stand-ins, rewards do not come from "
+            "a model", engines.judge and engines.judge.kind, engines.nli and engines.nli.kind,
+        )
+    if serving.mode == "ray":
+        if engines.judge is None or engines.nli is None:
+            raise ConfigError("serving.mode=ray deploys both engines: set engines.judge and engines.nli")
+        from reward_server.serving._private.runtime import start_ray_engines
+
+        return start_ray_engines(
+            engines, serving.ray, judge_factory=judge_factory, nli_factory=nli_factory
+        )
+    from reward_server.backends.factory import build_judge, build_nli
+
+    judge: JudgeEngine = Unconfigured("judge")
+    if engines.judge is not None:
+        judge = BatchedJudge((judge_factory or build_judge)(engines.judge), engines.judge.batching)
+    nli: NLIEngine = Unconfigured("nli")
+    if isinstance(engines.nli, JudgeNLISettings):  # asks the (batched) judge
+        nli = build_nli(engines.nli, judge=judge)
+    elif engines.nli is not None:
+        nli = BatchedNLI((nli_factory or build_nli)(engines.nli), engines.nli.batching)
+    logger.info("engines in process: judge %s, nli %s", judge.model_id, nli.model_id)
+    return Engines(judge=judge, nli=nli)
+

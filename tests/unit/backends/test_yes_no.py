@@ -1,0 +1,54 @@
+"""The yes/no fold every LLM judge engine shares, and the numerics under it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reward_server.backends.yes_no import answer_token_ids, fold_by_ids, fold_by_text, p_yes, variants
+from reward_server.errors import ModelLoadError
+from reward_server.numerics import logsumexp, sigmoid
+
+
+def test_fold_by_text() -> None:
+    l_yes, l_no = fold_by_text([(" Yes", math.log(0.2)), ("yes", math.log(0.3)), ("NO", math.log(0.1))])
+    assert l_yes == pytest.approx(math.log(0.5)) and l_no == pytest.approx(math.log(0.1))
+    assert fold_by_text([("maybe", -1.0)]) == (None, None)
+
+
+def test_fold_by_ids_and_p() -> None:
+    lps = {10: math.log(0.3), 11: math.log(0.1), 20: math.log(0.2), 99: math.log(0.4)}
+    l_yes, l_no = fold_by_ids(lps, [10, 11, 12]), fold_by_ids(lps, [20, 21])
+    assert l_yes == pytest.approx(math.log(0.4)) and l_no == pytest.approx(math.log(0.2))
+    assert l_yes is not None and l_no is not None
+    assert p_yes(l_yes, l_no) == pytest.approx(0.4 / 0.6)
+    assert fold_by_ids(lps, [5]) is None
+    assert p_yes(-1000.0, 0.0) == pytest.approx(0.0) and p_yes(0.0, -1000.0) == 1.0
+
+
+def test_numerics_extremes() -> None:
+    assert sigmoid(800.0) == 1.0 and sigmoid(-800.0) == 0.0 and sigmoid(0.0) == 0.5
+    assert logsumexp([1000.0, 1000.0]) == pytest.approx(1000.0 + math.log(2))
+    assert logsumexp([-math.inf, 0.0]) == 0.0
+    with pytest.raises(ValueError):
+        logsumexp([])
+
+
+class _Tok:
+    """A tokenizer whose vocabulary is a dict of whole strings (real protocol: encode)."""
+
+    def __init__(self, vocab: dict[str, list[int]]) -> None:
+        self.vocab = vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.vocab.get(text, [0, 0])
+
+
+def test_answer_token_ids_take_single_token_variants_only() -> None:
+    tok = _Tok({"yes": [1], "Yes": [2], " yes": [3], " Yes": [1], "no": [5]})
+    assert variants("yes") == ("yes", "Yes", " yes", " Yes")
+    assert answer_token_ids(tok, "yes") == [1, 2, 3]  # " Yes" repeats id 1; multi-token skipped
+    assert answer_token_ids(tok, "no") == [5]
+    with pytest.raises(ModelLoadError, match="single tokens"):
+        answer_token_ids(_Tok({}), "yes")

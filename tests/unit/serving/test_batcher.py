@@ -1,0 +1,117 @@
+"""The one batching stage: concurrent calls merge, big calls split, every caller gets its own
+results in order, failures reach every caller of the batch, and a cancelled caller does not
+cancel the others."""
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from reward_server.backends.base import NLIPair
+from reward_server.backends.fake import FakeJudge, FakeNLI, fake_p_yes
+from reward_server.backends.settings import BatchingSettings
+from reward_server.domain import Task
+from reward_server.rubric.templates import judge_prompt
+from reward_server.serving.batching import BatchedJudge, BatchedNLI, Batcher
+
+
+async def test_concurrent_calls_merge_and_each_gets_its_own_slice() -> None:
+    inner = FakeJudge()
+    judge = BatchedJudge(inner, BatchingSettings(max_items=1000, wait_ms=20))
+    calls = [[judge_prompt("", f"coffee {i}", 'Mentions "coffee".', Task.GENERIC),
+              judge_prompt("", f"tea {i}", f'Mentions "{i}".', Task.GENERIC)] for i in range(50)]
+    results = await asyncio.gather(*(judge.p_yes(c) for c in calls))
+    for i, r in enumerate(results):
+        assert r == [fake_p_yes(f"coffee {i}", 'Mentions "coffee".'), fake_p_yes(f"tea {i}", f'Mentions "{i}".')]
+    assert sum(inner.batch_sizes) == 100 and max(inner.batch_sizes) > 2
+    assert len(inner.batch_sizes) < 50
+    assert judge.batcher.stats.items == 100 and judge.batcher.stats.batches == len(inner.batch_sizes)
+
+
+async def test_full_batches_leave_at_once_and_big_calls_are_split() -> None:
+    seen: list[int] = []
+
+    async def fn(xs: Sequence[int]) -> list[int]:
+        seen.append(len(xs))
+        return [x * 2 for x in xs]
+
+    b: Batcher[int, int] = Batcher(fn, max_items=4, wait_s=10.0)
+    out = await asyncio.wait_for(asyncio.gather(*(b.submit([i, i]) for i in range(4))), timeout=2)
+    assert out == [[0, 0], [2, 2], [4, 4], [6, 6]]
+    assert seen == [4, 4]  # never waited 10 s: each batch was full
+    seen.clear()
+    big = await asyncio.wait_for(b.submit(list(range(8))), timeout=2)
+    assert big == [2 * x for x in range(8)] and seen == [4, 4]
+
+
+async def test_a_call_can_span_batches_and_share_them() -> None:
+    seen: list[list[int]] = []
+
+    async def fn(xs: Sequence[int]) -> list[int]:
+        seen.append(list(xs))
+        return [x + 100 for x in xs]
+
+    b: Batcher[int, int] = Batcher(fn, max_items=3, wait_s=0.01)
+    a, c = await asyncio.gather(b.submit([1, 2]), b.submit([3, 4, 5, 6]))
+    assert a == [101, 102] and c == [103, 104, 105, 106]
+    assert seen == [[1, 2, 3], [4, 5, 6]]
+    assert max(len(s) for s in seen) <= 3
+
+
+async def test_failure_reaches_every_caller_of_the_batch() -> None:
+    async def boom(xs: Sequence[int]) -> list[int]:
+        raise RuntimeError("engine died")
+
+    b: Batcher[int, int] = Batcher(boom, max_items=100, wait_s=0.01)
+    out = await asyncio.gather(b.submit([1]), b.submit([2]), return_exceptions=True)
+    assert all(isinstance(o, RuntimeError) for o in out)
+
+
+async def test_wrong_result_count_is_an_error_not_a_shift() -> None:
+    async def short(xs: Sequence[int]) -> list[int]:
+        return list(xs)[:-1]
+
+    b: Batcher[int, int] = Batcher(short, max_items=100, wait_s=0.0)
+    with pytest.raises(RuntimeError, match="2 results for 3 inputs"):
+        await b.submit([1, 2, 3])
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_batch() -> None:
+    async def slow(xs: Sequence[int]) -> list[int]:
+        await asyncio.sleep(0.1)
+        return [x * 3 for x in xs]
+
+    b: Batcher[int, int] = Batcher(slow, max_items=100, wait_s=0.01)
+    doomed = asyncio.create_task(b.submit([1]))
+    other = asyncio.create_task(b.submit([2]))
+    await asyncio.sleep(0.03)  # both are in the running batch
+    doomed.cancel()
+    assert await other == [6]
+    assert doomed.cancelled()
+
+
+async def test_nli_wrapper_keeps_order() -> None:
+    nli = BatchedNLI(FakeNLI(), BatchingSettings(max_items=64, wait_ms=10))
+    pairs = [NLIPair("Paris is big.", "Paris"), NLIPair("Paris is big.", "London")]
+    a, b = await asyncio.gather(nli.entailment(pairs), nli.entailment(pairs[::-1]))
+    assert [s.entailment for s in a] == [0.98, 0.02]
+    assert [s.entailment for s in b] == [0.02, 0.98]
+    assert nli.max_length == 512 and nli.model_id == "fake-nli"
+    assert (await nli.health()).ok
+
+
+def test_stats_stay_bounded() -> None:
+    from reward_server.serving.batching import RECENT_BATCHES, BatchStats
+
+    s = BatchStats()
+    for i in range(RECENT_BATCHES * 3):
+        s.record(i % 7 + 1)
+    assert len(s.recent) == RECENT_BATCHES and s.batches == RECENT_BATCHES * 3 and s.largest == 7
+
+
+def test_bad_arguments() -> None:
+    async def fn(xs: Sequence[int]) -> list[int]:
+        return list(xs)
+
+    with pytest.raises(ValueError):
+        Batcher(fn, max_items=0, wait_s=0.0)

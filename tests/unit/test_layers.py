@@ -1,0 +1,162 @@
+"""The import graph of reward_server/ and trainer/, read from the source (every import
+statement, those inside functions too): no cycles, and each layer imports only the ones below.
+
+Layers, top to bottom: entry points (cli, app, eval) > config > transport (rpc) > orchestration
+(service) > hosting (serving) > science (rubric, nli) > engines (backends) > shared leaves
+(domain, errors, numerics, components, metrics).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("reward_server", "trainer")
+
+# module prefix -> prefixes of reward_server modules it must NOT import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "reward_server.backends": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.rpc", "reward_server.service", "reward_server.serving",
+        "reward_server.rubric", "reward_server.nli", "reward_server.client",
+    ),
+    "reward_server.rubric": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.rpc", "reward_server.service", "reward_server.serving",
+        "reward_server.client", "reward_server.nli",
+    ),
+    "reward_server.nli": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.rpc", "reward_server.service", "reward_server.serving",
+        "reward_server.client", "reward_server.rubric",
+    ),
+    "reward_server.serving": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.rpc", "reward_server.service", "reward_server.client",
+    ),
+    "reward_server.service": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.rpc", "reward_server.client",
+    ),
+    "reward_server.rpc": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.serving",
+    ),
+    "reward_server.config": ("reward_server.app", "reward_server.cli", "reward_server.eval"),
+    "reward_server.client": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.service",
+        "reward_server.serving", "reward_server.backends", "reward_server.rubric",
+        "reward_server.nli",
+    ),
+    "reward_server.domain": ("reward_server.",),
+    "reward_server.errors": ("reward_server.",),
+    "reward_server.numerics": ("reward_server.",),
+    "reward_server.metrics": ("reward_server.",),
+    "reward_server.components": tuple(
+        p for p in ("reward_server.backends", "reward_server.rubric", "reward_server.nli",
+                    "reward_server.serving", "reward_server.service", "reward_server.rpc",
+                    "reward_server.config", "reward_server.app")
+    ),
+}
+
+
+def modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if "_proto" in parts or "sample" in parts:
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def imports(path: Path, known: dict[str, Path]) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                yield full if full in known else node.module
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    g: dict[str, set[str]] = {}
+    for name, path in known.items():
+        deps = set()
+        for target in imports(path, known):
+            if target not in known:
+                continue
+            # a package's own ancestors are loaded by Python before the module anyway
+            if name == target or name.startswith(target + "."):
+                continue
+            deps.add(target)
+        g[name] = deps
+    return g
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(graph()) == []
+
+
+def test_each_layer_imports_only_those_below() -> None:
+    g = graph()
+    bad = []
+    for name, deps in g.items():
+        for layer, forbidden in FORBIDDEN.items():
+            if name == layer or name.startswith(layer + "."):
+                bad += [f"{name} -> {d}" for d in deps
+                        if any(d == f or d.startswith(f if f.endswith(".") else f + ".") for f in forbidden)
+                        and not (d == layer or d.startswith(layer + "."))]
+    assert bad == []
+
+
+def test_the_checker_sees_cycles_and_violations() -> None:
+    """The checker itself: a made-up graph with a cycle and an upward import."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    g = graph()
+    assert "reward_server.config" in g["reward_server.app"]  # it does read edges
+    assert "reward_server.serving._private.runtime" in g["reward_server.serving.start"]  # deferred
