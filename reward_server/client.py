@@ -74,7 +74,8 @@ class RetryBudget:
     or a rolling update of ~30 s and then fail with the server's last status."""
 
     attempts: int = 5
-    """Tries of a call the server answers UNAVAILABLE or RESOURCE_EXHAUSTED (1 = no retry)."""
+    """Tries of a call the server answers UNAVAILABLE or RESOURCE_EXHAUSTED (1 = no retry).
+    Above gRPC's cap of 5 per call it runs in rounds of 5: rounded up to a multiple of 5."""
     backoff_initial_s: float = 0.2
     """First retry backoff; doubles per retry (gRPC adds jitter)."""
     backoff_cap_s: float = 5.0

@@ -26,8 +26,8 @@ def auth_fix(address: str, detail: str) -> str:
     mode = os.environ.get(AUTH_MODE_ENV)
     have = f"{AUTH_MODE_ENV}={mode}" if mode else f"{AUTH_MODE_ENV} unset (= disabled for a client)"
     return (
-        f"the Ray cluster at {address} refused this process: {detail.splitlines()[0][:300]} "
-        f"(this process: {have}). Ray 2.60 clusters require a token unless started with "
+        f"the Ray cluster at {address} refused this process ({detail.split('. ')[0][:200]}; "
+        f"this process: {have}). Ray 2.60 clusters require a token unless started with "
         f"{AUTH_MODE_ENV}=disabled. Fix: export {AUTH_MODE_ENV}=token and give this process the "
         "cluster's token, as RAY_AUTH_TOKEN=<token>, RAY_AUTH_TOKEN_PATH=<file> or the file "
         "~/.ray/auth_token (`ray get-auth-token` on the head node prints it); for a cluster "

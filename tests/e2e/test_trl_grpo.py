@@ -58,6 +58,9 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     reward = result["reward"]
     # every completion of every step was sent, in one Score call per generation batch
     assert reward.calls == [2, 2]
+    # the trained policy is saved in the Hugging Face format, loadable as is
+    assert (Path(result["model"]) / "config.json").is_file()
+    assert AutoModelForCausalLM.from_pretrained(result["model"]) is not None
     rows = [json.loads(x) for x in Path(result["log"]).read_text().splitlines()]
     train_rows = [r for r in rows if "reward" in r]
     assert len(train_rows) == 2

@@ -57,6 +57,20 @@ async def test_client_retries_retryable_codes_within_budget(error, code) -> None
         assert judge.calls == 3  # budget honoured: 1 try + 2 retries
 
 
+async def test_a_budget_above_grpcs_cap_of_5_attempts_runs_in_rounds() -> None:
+    judge = FailingJudge(failures=7, error=BackendUnavailable("judge restarting"))
+    async with running_server(judge=judge) as r:
+        async with r.client(max_retries=7, backoff_base_s=0.01, backoff_cap_s=0.05, seed=1) as c:
+            assert (await c.score([ITEM]))[0].status is d.ItemStatus.OK
+        assert judge.calls == 8  # 5 gRPC attempts, then a second round: 3 more
+        judge.calls, judge.failures = 0, 100
+        async with r.client(max_retries=7, backoff_base_s=0.01, backoff_cap_s=0.05) as c:
+            with pytest.raises(RewardCallError) as e:
+                await c.score([ITEM])
+        assert e.value.code is grpc.StatusCode.UNAVAILABLE and e.value.attempts == 2  # rounds
+        assert judge.calls == 10  # the budget rounds up to whole rounds of 5: never unbounded
+
+
 async def test_client_does_not_retry_other_codes() -> None:
     judge = FailingJudge(failures=100, error=RuntimeError("bug in engine"))
     async with running_server(judge=judge) as r, r.client(max_retries=5) as c:
