@@ -168,8 +168,8 @@ def _job_env_vars() -> dict[str, str]:
 
 def set_ray_env(config: Any, env: Mapping[str, str]) -> None:
     """Give every verl process (TaskRunner, workers) these env vars, through verl's
-    ``ray_kwargs.ray_init.runtime_env``; also set here. A variable the job's own runtime env
-    already sets is left to it (Ray refuses to merge the same key twice)."""
+    ``ray_kwargs.ray_init.runtime_env``. A variable the job's own runtime env already sets is
+    left to it (Ray refuses to merge the same key twice)."""
     from omegaconf import open_dict
 
     job = _job_env_vars()
@@ -180,7 +180,6 @@ def set_ray_env(config: Any, env: Mapping[str, str]) -> None:
         if init.runtime_env.get("env_vars") is None:
             init.runtime_env.env_vars = {}  # (DictConfig.setdefault returns a detached copy)
         for key, value in env.items():
-            os.environ[key] = value
             if key not in job:
                 init.runtime_env.env_vars[key] = value
 

@@ -118,7 +118,7 @@ def main() -> int:
     verl_runner.check(config, "rubric_generator")
     verl_runner.configure_run(config, Path(payload["run_dir"]))
     verl_runner.set_ray_env(config, {IN_ENV: sys.argv[1], OUT_ENV: sys.argv[2]})
-    os.environ.pop("VERL_USE_EXTERNAL_MODULES")  # only the runtime env carries it to the actor
+    os.environ.pop("VERL_USE_EXTERNAL_MODULES", None)  # only the runtime env carries it to the actor
     run_ppo(config, task_runner_class=ProbeTaskRunner)
     ray.shutdown()
     return 0
