@@ -124,6 +124,9 @@ def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=grpo_config(s, device),
                           train_dataset=load_trl_dataset(s.data),
                           callbacks=[jsonl_callback(log_path, s.max_steps)])
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # our step line instead of a dict per log
     logger.info("TRL GRPO on %s (%s), %d processes", device, model, trainer.accelerator.num_processes)
     return trainer, reward
 
