@@ -1,6 +1,6 @@
 """Writes the shipped examples of ``reward-server eval parl | nli`` (deterministic; rerun to regenerate).
 
-    python scripts/make_eval_examples.py
+    python scripts/make_eval_examples.py [--out DIR]
 
 PARL (reward_server/eval/examples/parl/): the trainer's sample users (trainer/data/sample: nine
 invented users, three per task), converted to the eval formats: ``rubrics.jsonl`` (their
@@ -18,6 +18,7 @@ distractor's statement as the negative. All texts are written for this project.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -73,7 +74,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
-def parl_example() -> None:
+def parl_example(out: Path) -> None:
     users: list[UserRecord] = [
         *load_amazon(SAMPLE / "amazon.jsonl"),
         *load_lamp4(SAMPLE / "lamp4.jsonl"),
@@ -81,7 +82,7 @@ def parl_example() -> None:
     ]
     rules = load_rules(SAMPLE / "rules.jsonl")
     baselines = load_baselines(SAMPLE / "baselines.jsonl")
-    out = OUT / "parl"
+    out = out / "parl"
     write_jsonl(out / "rubrics.jsonl", [
         {"user_id": u.user_id, "task": u.task.value, "rules": list(rules.get(u.user_id, ()))} for u in users
     ])  # fmt: skip
@@ -104,7 +105,7 @@ def parl_example() -> None:
         write_jsonl(out / "predictions" / f"{method}.jsonl", rows)
 
 
-def nli_example() -> None:
+def nli_example(out: Path) -> None:
     items: list[dict[str, Any]] = []
     pairs: list[dict[str, Any]] = []
     for k, (fact, right, wrong, pref, framed, neutral) in enumerate(FACTS):
@@ -117,14 +118,17 @@ def nli_example() -> None:
                           "preference": pref, "regime": regime})  # fmt: skip
         pairs.append({"id": f"q{k}-pos", "response": good, "reference": good, "label": "positive"})
         pairs.append({"id": f"q{k}-neg", "response": bad, "reference": good, "label": "negative"})
-    write_jsonl(OUT / "nli" / "items.jsonl", items)
-    write_jsonl(OUT / "nli" / "pairs.jsonl", pairs)
+    write_jsonl(out / "nli" / "items.jsonl", items)
+    write_jsonl(out / "nli" / "pairs.jsonl", pairs)
 
 
-def main() -> None:
-    parl_example()
-    nli_example()
-    print(f"wrote {OUT}")
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=OUT, help="folder to write (default: the shipped one)")
+    out = p.parse_args(argv).out
+    parl_example(out)
+    nli_example(out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

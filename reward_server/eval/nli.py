@@ -177,7 +177,7 @@ async def _regimes(
     for rec, d in zip(records, verdicts, strict=True):
         r = d.regime(tau)
         rec["judge"] = {"s_correct": d.s_correct, "s_aligned": d.s_aligned, "status": d.status,
-                        "regime": r.value if r else None}  # fmt: skip
+                        "regime": r.value if r else None, "answer": d.answer}  # fmt: skip
 
 
 async def _robustness(

@@ -9,7 +9,8 @@ Per method: user-level and rubric-level accuracy of the rubrics (ours, judged by
 judge, sampled answers, :mod:`reward_server.rubric.holistic`), the classic metrics against the
 ground truth (:mod:`reward_server.eval.classic`), Max-Diff with its paired t-test for both
 judges, coverage, and the cost per item of every evaluator. Outputs in ``--out``:
-``parl_eval.json`` (the source of truth), ``parl_eval.png`` (rendered from it); the table is
+``parl_eval.json`` (the source of truth), ``parl_eval.png`` (rendered from it),
+``parl_samples.jsonl`` (per method and sample: rule p_yes, the judge's answer, classic scores); the table is
 printed on stdout, progress bars run on stderr.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -150,8 +152,8 @@ def score_classic(
 async def evaluate(
     judge: JudgeEngine, rubrics: Mapping[str, UserRubric], methods: Mapping[str, Sequence[Sample]], *,
     settings: RubricSettings, options: ParlOptions,
-) -> dict[str, Any]:  # fmt: skip
-    """Every column of the table, as the JSON document (before it is written)."""
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """Every column of the table as the JSON document (before it is written), and per-sample records."""
     total = sum(len(s) for s in methods.values())
     costs: dict[str, Cost] = {"rubric judge (p_yes)": Cost("rubric judge (p_yes)", judge.model_id)}
     bar = progress_bar(total, options.progress, unit="sample")
@@ -203,7 +205,27 @@ async def evaluate(
     result["judge_model"] = judge.model_id
     result["template_versions"] = template_versions(settings) | {"rubric.holistic": HOLISTIC_TEMPLATE_VERSION}
     result["cost"] = [c.to_dict() for c in costs.values()]
-    return result
+    return result, sample_records(judged, holistic, classic)
+
+
+def sample_records(
+    judged: Mapping[str, Mapping[Key, Sequence[float]]],
+    holistic: Mapping[str, Mapping[Key, HolisticScore]] | None,
+    classic: Mapping[str, Mapping[str, Mapping[Key, float]]] | None,
+) -> list[dict[str, Any]]:
+    """One record per (method, sample): rule p_yes, the LLM judge's answer, classic scores."""
+    out: list[dict[str, Any]] = []
+    for name, table in judged.items():
+        for key, p in table.items():
+            rec: dict[str, Any] = {"method": name, "user_id": key[0], "sample_id": key[1], "p_yes": list(p)}
+            h = (holistic or {}).get(name, {}).get(key)
+            if h is not None:
+                rec["llm_judge"] = {"score": h.score, "status": h.status, "answer": h.answer}
+            scores = {m: v[key] for m, v in (classic or {}).get(name, {}).items() if key in v}
+            if scores:
+                rec["classic"] = scores
+            out.append(rec)
+    return out
 
 
 def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | None = None) -> int:
@@ -225,14 +247,14 @@ def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | Non
         return 2
     engines = start_engines(cfg.engines, cfg.serving, require=("judge",), judge_factory=judge_factory)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         try:
             return await evaluate(engines.judge, rubrics, methods, settings=cfg.rubric, options=options)
         finally:
             await engines.close()
 
     try:
-        result = asyncio.run(go())
+        result, records = asyncio.run(go())
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -240,7 +262,9 @@ def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | Non
         result["llm_judge"] = {"missing": "--no-llm-judge"}
     args.out.mkdir(parents=True, exist_ok=True)
     doc = write_json(args.out / "parl_eval.json", result)
-    written = [args.out / "parl_eval.json"]
+    with (args.out / "parl_samples.jsonl").open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    written = [args.out / "parl_eval.json", args.out / "parl_samples.jsonl"]
     if not args.no_plot and plot(doc, args.out / "parl_eval.png"):
         written.append(args.out / "parl_eval.png")
     print(format_table(doc))

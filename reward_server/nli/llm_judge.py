@@ -61,6 +61,7 @@ class JudgeVerdict:
     s_correct: float | None
     s_aligned: float | None
     status: Status
+    answer: str = ""  # the judge's raw answer
 
     def regime(self, tau: float) -> Regime | None:
         if self.s_correct is None or self.s_aligned is None:
@@ -108,12 +109,12 @@ def parse_judge_answer(answer: str) -> JudgeVerdict:
     """Strict parse of the judge's answer (see module doc)."""
     obj = _last_object(_THINK.sub("", answer))
     if obj is None:
-        return JudgeVerdict(None, None, "unparsable")
+        return JudgeVerdict(None, None, "unparsable", answer)
     lowered = {str(k).strip().lower(): v for k, v in obj.items()}
     values = [_value(lowered.get(k)) for k in _KEYS]
     sc, sa = values
     if sc is None or sa is None:
-        return JudgeVerdict(None, None, "unparsable")
+        return JudgeVerdict(None, None, "unparsable", answer)
     if not (0.0 <= sc <= 1.0 and 0.0 <= sa <= 1.0):
-        return JudgeVerdict(None, None, "out_of_range")
-    return JudgeVerdict(sc, sa, "ok")
+        return JudgeVerdict(None, None, "out_of_range", answer)
+    return JudgeVerdict(sc, sa, "ok", answer)

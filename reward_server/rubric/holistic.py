@@ -9,8 +9,9 @@ PARL did not release this prompt: the wording below is OURS (``HOLISTIC_TEMPLATE
 bump it when the wording changes, results are reported with it).
 
 Parsing is strict (:func:`parse_holistic_score`): after stripping a ``<think>...</think>`` block
-the answer must be one integer, optionally written ``Score: N`` or ``N/5`` with a trailing
-period; 1..5 is valid, any other integer is *out of range*, anything else is *unparsable*.
+the answer's first non-empty line must be one integer, optionally written ``Score: N`` or ``N/5``
+with a trailing period (later lines are ignored: a model that keeps talking after its digit still
+answered); 1..5 is valid, any other integer is *out of range*, anything else is *unparsable*.
 Neither is ever turned into a number: the evaluation counts and reports them.
 """
 
@@ -45,10 +46,8 @@ Now a new {writing_one} written for the context below.
 ## {text_label} to rate
 {text}
 
-How well does this {text_lower} match the way this user writes?
-1 = nothing like this user, 2 = mostly unlike, 3 = partly like, 4 = mostly like,
-5 = exactly like this user.
-Answer with a single digit from 1 to 5 and nothing else."""
+How well does this {text_lower} match the way this user writes? Rate it from 1 (nothing like
+this user) to 5 (exactly like this user). Answer with a single digit from 1 to 5 and nothing else."""
 
 HISTORY_ITEM = "### Item {i}\n{context_label}: {context}\n{text_label}: {text}"
 
@@ -71,6 +70,7 @@ class HolisticScore:
 
     score: int | None
     status: Status
+    answer: str = ""  # the judge's raw answer
 
     @property
     def normalized(self) -> float | None:
@@ -117,10 +117,11 @@ def holistic_request(
 
 def parse_holistic_score(answer: str) -> HolisticScore:
     """Strict parse of a judge's answer (see module doc)."""
-    m = _SCORE.match(_THINK.sub("", answer).strip())
+    text = _THINK.sub("", answer).strip()
+    m = _SCORE.match(text.split("\n", 1)[0].strip())
     if m is None:
-        return HolisticScore(None, "unparsable")
+        return HolisticScore(None, "unparsable", answer)
     value = int(m.group(1))
     if not 1 <= value <= 5:
-        return HolisticScore(None, "out_of_range")
-    return HolisticScore(value, "ok")
+        return HolisticScore(None, "out_of_range", answer)
+    return HolisticScore(value, "ok", answer)

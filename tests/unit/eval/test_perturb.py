@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def test_higher_rate_replaces_a_superset() -> None:
         out = perturb(TEXT, r, seed=3, table=TABLE)
         changed.append({i for i, (a, b) in enumerate(zip(words, out.text.split(), strict=True)) if a != b})
         assert out.replaced == len(changed[-1]) == round(10 * r)
-    assert all(x < y for x, y in zip(changed, changed[1:], strict=False))
+    assert all(x < y for x, y in itertools.pairwise(changed))
 
 
 def test_case_kept_and_punctuation_untouched(tmp_path: Path) -> None:

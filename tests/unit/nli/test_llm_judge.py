@@ -15,7 +15,8 @@ from reward_server.nli.llm_judge import judge_request, parse_judge_answer
         ('{"Correct": 1, "Aligned": 0}', 1.0, 0.0, Regime.GENERALIZATION),
         ('{"correct": false, "aligned": true}', 0.0, 1.0, Regime.SYCOPHANCY),
         ('Reasoning: the answer is wrong.\n{"correct": 0.1, "aligned": 0.5, "why": "x"}', 0.1, 0.5, Regime.FAILURE),
-        ('<think>{"correct": 0.9, "aligned": 0.9}</think>{"correct": 0.2, "aligned": 0.7}', 0.2, 0.7, Regime.SYCOPHANCY),
+        ('<think>{"correct": 0.9, "aligned": 0.9}</think>{"correct": 0.2, "aligned": 0.7}', 0.2, 0.7,
+         Regime.SYCOPHANCY),
         ('{"correct": 0.3, "aligned": 0.3} then {"correct": 0.6, "aligned": 0.9}', 0.6, 0.9, Regime.PERSONALIZATION),
     ],
 )
@@ -34,7 +35,8 @@ def test_out_of_range(answer: str) -> None:
 @pytest.mark.parametrize(
     "answer",
     ["", "yes and yes", '{"correct": 0.9}', '{"correct": "high", "aligned": 0.2}', '[0.9, 0.1]',
-     '{"correct": NaN, "aligned": 0.1}', '{"correct": 0.9, "aligned": 0.1', '<think>{"correct": 1, "aligned": 1}</think>'],
+     '{"correct": NaN, "aligned": 0.1}', '{"correct": 0.9, "aligned": 0.1',
+     '<think>{"correct": 1, "aligned": 1}</think>'],
 )  # fmt: skip
 def test_junk_is_unparsable(answer: str) -> None:
     v = parse_judge_answer(answer)

@@ -10,7 +10,8 @@ from reward_server.rubric.holistic import HOLISTIC_TEMPLATE_VERSION, holistic_re
 
 @pytest.mark.parametrize(
     ("answer", "score"),
-    [("4", 4), (" 5\n", 5), ("1.", 1), ("Score: 3", 3), ("score=2", 2), ("3/5", 3), ("<think>hmm, 2?</think>\n4", 4)],
+    [("4", 4), (" 5\n", 5), ("1.", 1), ("Score: 3", 3), ("score=2", 2), ("3/5", 3), ("<think>hmm, 2?</think>\n4", 4),
+     ("1\n\nThe user writes:", 1)],
 )
 def test_valid_answers(answer: str, score: int) -> None:
     parsed = parse_holistic_score(answer)
@@ -25,7 +26,9 @@ def test_out_of_range_answers(answer: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "answer", ["", "four", "4.5", "I would say 4", "4 because it matches", '[{"rule": "x"}]', "3 or 4", "<think>4</think>"]
+    "answer",
+    ["", "four", "4.5", "I would say 4", "4 because it matches", '[{"rule": "x"}]', "3 or 4", "<think>4</think>",
+     "1 = nothing like this user, ", "Rating:\n4"],
 )
 def test_junk_is_unparsable(answer: str) -> None:
     parsed = parse_holistic_score(answer)
