@@ -1,7 +1,12 @@
-"""Offline evaluations (``reward-server eval parl | nli``): the papers' tables from files.
+"""Offline evaluations (``reward-server eval parl | nli``): the papers' comparison tables from files.
 
 Entry points at the top of the layering: they load a configuration, start the engines through
-the hosting API and call the science's metrics.
+the hosting API and call the science's metrics and baselines (docs/evaluation.md).
+
+- ``parl`` (inputs ``parl_io``, JSON/table/plot ``parl_report``), ``nli`` (``nli_report``);
+- ``classic``: ROUGE/BLEU/METEOR/BERTScore/embedding cosine from their libraries;
+- ``perturb`` and ``robustness``: NLICV Table 1's seeded synonym perturbation and its table;
+- ``common`` (arguments, JSONL, strict JSON, cost per item) and ``plots``.
 """
 
 from __future__ import annotations
