@@ -24,7 +24,7 @@ from typing import Literal
 
 from reward_server.backends.base import GenerationRequest
 from reward_server.domain import HistoryItem, Task
-from reward_server.rubric.templates import TASK_LABELS
+from reward_server.rubric.templates import TASK_LABELS, WRITING_ONE, render_history
 
 HOLISTIC_TEMPLATE_VERSION = "parl-holistic-v1"
 
@@ -48,15 +48,6 @@ Now a new {writing_one} written for the context below.
 
 How well does this {text_lower} match the way this user writes? Rate it from 1 (nothing like
 this user) to 5 (exactly like this user). Answer with a single digit from 1 to 5 and nothing else."""
-
-HISTORY_ITEM = "### Item {i}\n{context_label}: {context}\n{text_label}: {text}"
-
-_WRITING_ONE = {
-    Task.GENERIC: "text",
-    Task.AMAZON: "product review",
-    Task.NEWS: "news headline",
-    Task.REDDIT: "Reddit post",
-}
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _SCORE = re.compile(r"^(?:score\s*[:=]?\s*)?([+-]?\d+)\s*(?:/\s*5)?\s*\.?$", re.IGNORECASE)
@@ -88,20 +79,11 @@ def holistic_request(
 ) -> GenerationRequest:
     """The holistic judge's prompt for one text (greedy decoding: a score, not a sample)."""
     labels = TASK_LABELS[task]
-    items = "\n\n".join(
-        HISTORY_ITEM.format(
-            i=i + 1,
-            context_label=labels.context,
-            context=h.context.strip() or "(none)",
-            text_label=labels.text,
-            text=h.text.strip(),
-        )
-        for i, h in enumerate(history)
-    )
+    items = render_history(history, task)
     user = HOLISTIC_USER.format(
         n=len(history),
         writing=labels.writing,
-        writing_one=_WRITING_ONE[task],
+        writing_one=WRITING_ONE[task],
         context_lower=labels.context.split(" (")[0].lower(),
         history=items or "(no history)",
         context_label=labels.context,
