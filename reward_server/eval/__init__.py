@@ -15,10 +15,10 @@ import sys
 from typing import Any
 
 
-def progress_bar(total: int, enabled: bool, *, unit: str = "item") -> Any:
+def progress_bar(total: int, enabled: bool, *, unit: str = "item", desc: str | None = None) -> Any:
     """A tqdm bar on stderr (None without tqdm); shared by the CLI's long commands."""
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm ships with the server extra
         return None
-    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not enabled)
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=not enabled)

@@ -120,10 +120,7 @@ async def judge_items(
 
 
 def _bar(total: int, progress: bool, desc: str) -> Any:
-    bar = progress_bar(total, progress)
-    if bar is not None:
-        bar.set_description(desc)
-    return bar
+    return progress_bar(total, progress, desc=desc)
 
 
 async def _regimes(

@@ -131,9 +131,8 @@ def score_classic(
     ref = {s.key: s.text for s in methods[gt]}
     out: dict[str, dict[str, dict[Key, float]]] = {}
     pairs = {m: [s for s in ss if s.key in ref] for m, ss in methods.items() if m != gt}
-    bar = progress_bar(len(scorer.names) * sum(len(p) for p in pairs.values()), progress, unit="pair")
-    if bar is not None:
-        bar.set_description("classic metrics")
+    total = len(scorer.names) * sum(len(p) for p in pairs.values())
+    bar = progress_bar(total, progress, unit="pair", desc="classic metrics")
     try:
         for name, ps in pairs.items():
             out[name] = {}
@@ -156,9 +155,7 @@ async def evaluate(
     """Every column of the table as the JSON document (before it is written), and per-sample records."""
     total = sum(len(s) for s in methods.values())
     costs: dict[str, Cost] = {"rubric judge (p_yes)": Cost("rubric judge (p_yes)", judge.model_id)}
-    bar = progress_bar(total, options.progress, unit="sample")
-    if bar is not None:
-        bar.set_description("rubric judge")
+    bar = progress_bar(total, options.progress, unit="sample", desc="rubric judge")
     try:
         judged = {}
         for name, s in methods.items():
@@ -173,9 +170,7 @@ async def evaluate(
     if options.history is not None:
         cost = costs["LLM-as-judge (1-5)"] = Cost("LLM-as-judge (1-5)", judge.model_id)
         n = sum(1 for ss in methods.values() for s in ss if options.history.get(s.key[0]))
-        bar = progress_bar(n, options.progress, unit="sample")
-        if bar is not None:
-            bar.set_description("LLM-as-judge")
+        bar = progress_bar(n, options.progress, unit="sample", desc="LLM-as-judge")
         holistic = {}
         try:
             for name, s in methods.items():

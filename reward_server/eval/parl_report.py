@@ -150,10 +150,10 @@ def format_table(result: Mapping[str, Any]) -> str:
     else:
         lines.append(_md_line("Max-Diff (LLM-as-judge)", result.get("max_diff_llm_judge")))
         counts = {n: result["methods"][n].get("llm_judge", {}) for n in names}
-        bad = ", ".join(f"{n}: {c['unparsable']} unparsable, {c['out_of_range']} out of range"
+        bad = ", ".join(f"{n} {c['unparsable']}/{c['out_of_range']}"
                         for n, c in counts.items() if c.get("unparsable") or c.get("out_of_range"))  # fmt: skip
-        lines.append(f"LLM-as-judge: {judge.get('model')} ({judge.get('template_version')}), 1-5 -> (s-1)/4; "
-                     f"invalid answers: {bad or 'none'}")  # fmt: skip
+        lines.append(f"LLM-as-judge: {judge.get('model')} ({judge.get('template_version')}), 1-5 -> (s-1)/4 over "
+                     f"valid answers; unparsable/out-of-range answers: {bad or 'none'}")  # fmt: skip
     for k, why in classic.get("missing", {}).items():
         lines.append(f"{LABELS.get(k, k)}: not computed ({why})")
     if classic:

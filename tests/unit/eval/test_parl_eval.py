@@ -113,7 +113,7 @@ def test_eval_parl_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert rag_u3["classic"]["rouge1"] == 0.0 and len(samples) == 8
     table = capsys.readouterr().out
     assert "gt (GT)" in table and "Max-Diff (rubrics, user-level): 50.00 pts vs rag" in table
-    assert "gt: 1 unparsable, 0 out of range, rag: 0 unparsable, 1 out of range, sft: 2 unparsable" in table
+    assert "unparsable/out-of-range answers: gt 1/0, rag 0/1, sft 2/0" in table
     assert "Cost per item" in table
 
 
