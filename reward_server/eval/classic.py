@@ -191,6 +191,7 @@ class ClassicMetrics:
         for name in self.settings.metrics:
             try:
                 self.scorers[name] = loaders[name]()
+                self.scorers[name](["warm up"], ["warm up"])  # first-call setup is not a cost per item
             except (ImportError, LookupError, OSError) as e:
                 self.missing[name] = str(e) if isinstance(e, LookupError) else f"{type(e).__name__}: {e}"
                 logger.warning("classic metric %s left out: %s", name, self.missing[name])
