@@ -115,9 +115,15 @@ def create_server(
         reflection.enable_server_reflection(names, server)
     address = f"{s.host}:{s.port}"
     creds = _credentials(s)
-    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind to address"
+        port = 0
     if port == 0:
-        raise ConfigError(f"could not bind {address}; is the port in use?")
+        raise ConfigError(
+            f"cannot bind {address}: the port is in use or the address is not this machine's; "
+            "choose another with --port / server.port (0 picks a free one) or --host / server.host"
+        )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
     return RewardGrpcServer(server, health, service, s), port
