@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
+from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings
 from reward_server.service import RewardService
@@ -110,9 +110,7 @@ def create_server(
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if s.reflection:
-        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        enable_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
     address = f"{s.host}:{s.port}"
     creds = _credentials(s)
     try:
