@@ -11,7 +11,7 @@ true value lies in.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_server.errors import ModelLoadError
@@ -83,19 +83,6 @@ def fold_by_ids(logprobs: Mapping[int, float], ids: Sequence[int]) -> float | No
     """logsumexp of the log-probs of ``ids`` present in ``logprobs``; None if none is."""
     found = [logprobs[i] for i in ids if i in logprobs]
     return logsumexp(found) if found else None
-
-
-def fold_by_text(entries: Iterable[tuple[str, float]]) -> tuple[float | None, float | None]:
-    """(l_yes, l_no) folded over tokens whose stripped lowercase text is yes / no."""
-    yes: list[float] = []
-    no: list[float] = []
-    for token, lp in entries:
-        word = token.strip().lower()
-        if word == "yes":
-            yes.append(lp)
-        elif word == "no":
-            no.append(lp)
-    return (logsumexp(yes) if yes else None, logsumexp(no) if no else None)
 
 
 def p_yes(l_yes: float, l_no: float) -> float:

@@ -10,7 +10,6 @@ from reward_server.backends.yes_no import (
     answer_spellings,
     answer_token_ids,
     fold_by_ids,
-    fold_by_text,
     p_yes,
     p_yes_bounds,
     p_yes_exact,
@@ -19,12 +18,6 @@ from reward_server.backends.yes_no import (
 )
 from reward_server.errors import ModelLoadError
 from reward_server.numerics import logsumexp, sigmoid
-
-
-def test_fold_by_text() -> None:
-    l_yes, l_no = fold_by_text([(" Yes", math.log(0.2)), ("yes", math.log(0.3)), ("NO", math.log(0.1))])
-    assert l_yes == pytest.approx(math.log(0.5)) and l_no == pytest.approx(math.log(0.1))
-    assert fold_by_text([("maybe", -1.0)]) == (None, None)
 
 
 def test_fold_by_ids_and_p() -> None:
