@@ -20,7 +20,7 @@ ENGINES = {
              "cachetools": "cachetools", "hydra": "hydra-core", "omegaconf": "omegaconf",
              "pyarrow": "pyarrow"},
 }
-EXTRAS = {"trl": "trl", "verl": "train,gpu"}
+EXTRAS = {"trl": "trl", "verl": "train,rollout"}
 
 
 def _present(name: str) -> bool:
@@ -46,9 +46,8 @@ def message(engine: str, lacking: list[str]) -> str:
         "  1. start the cluster from the project's environment: `source .venv/bin/activate && "
         "ray start --head ...` (what `make demo` does), after "
         f"`pip install -e \".[{EXTRAS[engine]}]\"` there;\n"
-        "  2. run the cluster from the image built by deploy/Dockerfile "
-        "(`--build-arg EXTRAS=server,gpu,train`: it runs the trainer and the reward server; "
-        "deploy/ray_cluster.yaml and deploy/kuberay/rayjob.yaml use it)."
+        "  2. run the cluster from the training image built by deploy/Dockerfile "
+        "(`--build-arg EXTRAS=train,rollout,trl`; deploy/kuberay/rayjob.yaml uses it)."
     )
 
 
