@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from trainer.trl_runner import TrlRunSettings, build_trainer  # noqa: E402
+from trainer.trl_runner import TrlRunSettings, build_trainer
 
 
 def main() -> None:
