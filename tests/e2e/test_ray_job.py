@@ -76,7 +76,7 @@ def test_a_job_without_the_projects_packages_fails_at_once_with_the_fix(ray_head
     assert "trainer/run.py --engine trl cannot start" in out, out[-3000:]
     assert re.search(r"lacks .*grpcio.*trl", out)
     assert "1. start the cluster from the project's environment" in out
-    assert "2. run the cluster from the image built by deploy/Dockerfile" in out
+    assert "2. run the cluster from the training image built by deploy/Dockerfile" in out
     assert "ModuleNotFoundError" not in out
     assert time.monotonic() - start < 120
 
