@@ -98,3 +98,16 @@ def test_the_budget_is_grpcs_service_config() -> None:
     assert b.rounds == 3  # 12 attempts: gRPC's cap of 5 per call, so up to 3 calls
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         RetryBudget(attempts=0)
+
+
+def test_a_restart_may_reuse_the_port_but_a_live_listener_still_refuses_it() -> None:
+    from reward_server.app import check_port_free
+    from reward_server.errors import ConfigError
+
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        with pytest.raises(ConfigError, match="cannot bind"):
+            check_port_free("127.0.0.1", live.getsockname()[1])
+    # the restart test above rebinds its port right after the first server closed its
+    # connections (TIME_WAIT): that must pass the check
