@@ -119,3 +119,15 @@ def reward_server() -> Iterator[ThreadServer]:
     server = ThreadServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The local SmolLM2-135M-Instruct folder (policy and tokenizer); skip when absent."""
+    from reward_server.backends.smollm2 import local_smollm2_path
+    from reward_server.errors import ModelLoadError
+
+    try:
+        return str(local_smollm2_path())
+    except ModelLoadError as e:
+        pytest.skip(f"no local SmolLM2: {e}")

@@ -13,21 +13,11 @@ import pytest
 
 pytest.importorskip("trl", reason="the TRL engine needs the trl extra: pip install -e .[trl]")
 
-from reward_server.backends.smollm2 import local_smollm2_path
-from reward_server.errors import ModelLoadError
 from trainer.data.prepare import build_rows, sample_records, to_trl, write_parquet
 from trainer.ray_head import LocalRayHead
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    try:
-        return str(local_smollm2_path())
-    except ModelLoadError as e:
-        pytest.skip(f"no local SmolLM2: {e}")
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +28,14 @@ def ray_head(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def test_ray_job_submit_trains_one_step_and_leaves_its_outputs(
-    ray_head, reward_server, model_path, tmp_path
+    ray_head, reward_server, smollm2_path, tmp_path
 ) -> None:
     records = sample_records(history_limit=1)[:1]
     write_parquet(to_trl(build_rows(records, "personalized_generator", history_limit=1)),
                   tmp_path / "data" / "trl_train.parquet")
     entry = ["python", "trainer/run.py", "--engine", "trl", "--data", str(tmp_path / "data"),
              "--reward-server", reward_server.target, "--output-dir", str(tmp_path / "runs"),
-             "--run-name", "e2e", "--model", model_path, "--max-steps", "1",
+             "--run-name", "e2e", "--model", smollm2_path, "--max-steps", "1",
              "--prompts-per-step", "1", "--num-generations", "2", "--max-completion-length", "8"]
     job = ray_head.submit(entry, working_dir=ROOT, timeout_s=480)
     out = job.stdout + job.stderr

@@ -10,8 +10,6 @@ import pytest
 
 pytest.importorskip("trl", reason="the TRL engine needs the trl extra: pip install -e .[trl]")
 
-from reward_server.backends.smollm2 import local_smollm2_path
-from reward_server.errors import ModelLoadError
 from trainer.data.prepare import build_rows, sample_records, to_trl, write_parquet
 from trainer.trl_runner import TrlRunSettings, run_trl
 
@@ -24,11 +22,8 @@ LOOSE_RULES = ("The writing mentions product quality or price.",
 
 
 @pytest.fixture(scope="module")
-def model_path() -> str:
-    try:
-        return str(local_smollm2_path())
-    except ModelLoadError as e:
-        pytest.skip(f"no local SmolLM2: {e}")
+def model_path(smollm2_path) -> str:  # type: ignore[no-untyped-def]
+    return str(smollm2_path)
 
 
 def snapshot(model) -> dict:  # type: ignore[no-untyped-def]

@@ -33,16 +33,11 @@ def test_the_config_loads_with_accelerates_own_classes(stage: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("stage", [2, 3])
-def test_our_runner_builds_a_trainer_under_the_config(stage: int, tmp_path) -> None:
+def test_our_runner_builds_a_trainer_under_the_config(stage: int, tmp_path, smollm2_path) -> None:
     pytest.importorskip("deepspeed", reason="DeepSpeed is the deepspeed extra: pip install -e .[deepspeed]")
-    from reward_server.backends.smollm2 import local_smollm2_path
-    from reward_server.errors import ModelLoadError
     from trainer.data.prepare import build_rows, sample_records, to_trl, write_parquet
 
-    try:
-        model = local_smollm2_path()
-    except ModelLoadError as e:
-        pytest.skip(f"no local SmolLM2: {e}")
+    model = smollm2_path
     rows = to_trl(build_rows(sample_records(history_limit=1)[:1], "personalized_generator", history_limit=1))
     write_parquet(rows, tmp_path / "data" / "trl_train.parquet")
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))

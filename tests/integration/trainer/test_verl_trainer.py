@@ -62,14 +62,8 @@ def grpo(scores: list[float]) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory, reward_server) -> dict[str, Any]:
-    from reward_server.backends.smollm2 import local_smollm2_path
-    from reward_server.errors import ModelLoadError
-
-    try:
-        model = str(local_smollm2_path())
-    except ModelLoadError as e:
-        pytest.skip(f"no local SmolLM2 tokenizer: {e}")
+def probe(tmp_path_factory, reward_server, smollm2_path) -> dict[str, Any]:
+    model = smollm2_path
     tmp = tmp_path_factory.mktemp("verl_probe")
     rows = build_rows(sample_records()[:2], "rubric_generator")
     outputs = [RULES, "not json", OTHER]
