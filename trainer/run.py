@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # `python trainer/run.py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -110,7 +111,7 @@ def report_to(value: str) -> list[str]:
     return names
 
 
-def budget_overrides(args: argparse.Namespace) -> dict[str, object]:
+def budget_overrides(args: argparse.Namespace) -> dict[str, Any]:
     fields = {"attempts": args.attempts, "backoff_cap_s": args.backoff_cap_s, "deadline_s": args.deadline_s}
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -171,7 +172,7 @@ def main_trl(args: argparse.Namespace) -> int:
 
     if args.data is None or not args.reward_server:
         parser().error("--engine trl needs --data and --reward-server (or $REWARD_SERVER_ADDRESS)")
-    path = run_dir(args, "trl" if args.data is None else args.data.name)
+    path = run_dir(args, args.data.name)
     print(f"run directory: {path}", flush=True)
     result = run_trl(TrlRunSettings(
         data=args.data.expanduser().resolve(), output_dir=path, reward_server=args.reward_server,
@@ -179,7 +180,7 @@ def main_trl(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate, prompts_per_step=args.prompts_per_step,
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         temperature=args.temperature, seed=args.seed, report_to=report_to(args.report_to),
-        retry=RetryBudget(**budget_overrides(args)),  # type: ignore[arg-type]
+        retry=RetryBudget(**budget_overrides(args)),
         token=os.environ.get("REWARD_SERVER_TOKEN"), mask_infra_failures=args.mask_infra_failures,
         resume=args.resume,
     ))
