@@ -1,14 +1,22 @@
 """Protobuf <-> domain conversion. Structural problems (no reward kind, unset enum) raise
-:class:`InvalidRequest` naming the item and field; semantic checks live in the service."""
+:class:`InvalidRequest` naming the item and field; semantic checks live in the service.
+
+:func:`score_items` and :func:`score_response` convert a whole Score call item by item with
+:func:`reward_server.cooperative.turn` between items (the largest call allowed never holds the
+event loop for long); the single-message functions are for everything else.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from reward_server import cooperative
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.errors import InvalidRequest
+from reward_server.errors import InvalidRequest, quote
+from reward_server.rpc import wire
 
 V = TypeVar("V")
 
@@ -112,8 +120,17 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
     )
 
 
+# An item sent without an id is called "#<index>"; callers cannot use that form themselves.
+AUTO_ID = re.compile(r"#[0-9]+")
+
+
 def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
-    where = f"items[{index}]" + (f" (id {msg.id!r})" if msg.id else "")
+    where = f"items[{index}]" + (f" (id {quote(msg.id)})" if msg.id else "")
+    if AUTO_ID.fullmatch(msg.id):
+        raise InvalidRequest(
+            f"items[{index}].id: {quote(msg.id)} has the form '#<index>', reserved for the ids "
+            "of items sent without one; choose another id"
+        )
     kind = msg.WhichOneof("kind")
     spec: d.ItemSpec
     if kind == "weighted":
@@ -125,6 +142,37 @@ def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
     else:
         spec = _leaf_from_proto(msg, kind, where)
     return d.ScoreItem(item_id=msg.id or f"#{index}", spec=spec)
+
+
+async def score_items(
+    raw: bytes, *, max_item_bytes: int, check_count: Callable[[int], None]
+) -> list[d.ScoreItem]:
+    """The items of an encoded ScoreRequest, parsed and converted one at a time.
+    ``check_count(n)`` sees the number of items before any is parsed (and may refuse it)."""
+    elements, rest = wire.split_repeated(raw, 1, "reward.v1.ScoreRequest")
+    if rest:
+        wire.parse(pb.ScoreRequest, rest)  # other (unknown) fields must still be well-formed
+    check_count(len(elements))
+    items: list[d.ScoreItem] = []
+    for i, element in enumerate(elements):
+        await cooperative.turn()
+        if len(element) > max_item_bytes:
+            raise InvalidRequest(
+                f"items[{i}]: {len(element)} bytes exceed service.limits.max_item_bytes="
+                f"{max_item_bytes}; send smaller items"
+            )
+        msg = wire.parse(pb.ScoreItem, element, f"reward.v1.ScoreItem at items[{i}]")
+        items.append(item_from_proto(msg, i))
+    return items
+
+
+async def score_response(results: Sequence[d.ItemResult]) -> pb.ScoreResponse:
+    """The ScoreResponse of ``results``, built one result at a time."""
+    response = pb.ScoreResponse()
+    for r in results:
+        await cooperative.turn()
+        response.results.append(result_to_proto(r))
+    return response
 
 
 def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> None:
