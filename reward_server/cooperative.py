@@ -12,7 +12,9 @@ fake engines) calls :func:`turn` between units of work:
   iteration, so between two slices the loop polls its sockets and answers other calls.
 
 So the work done through :func:`turn` in one iteration is about one slice, however many tasks
-want to run, and each task still makes progress in arrival order.
+want to run, and each task still makes progress in arrival order. ``urgent`` waiters (reading
+new requests, so that admission control can refuse them quickly, and finishing responses, which
+frees capacity) go before the others (fanning out admitted work, the engines).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 import weakref
 from collections import deque
 
-SLICE_S = 0.004  # CPU time one holder may use before the loop polls its sockets again
+SLICE_S = 0.002  # CPU time one holder may use before the loop polls its sockets again
 
 
 class Turnstile:
@@ -34,19 +36,20 @@ class Turnstile:
         self._holder: asyncio.Task[object] | None = None
         self._slice_start = 0.0
         self._waiters: deque[tuple[asyncio.Task[object] | None, asyncio.Future[None]]] = deque()
+        self._urgent: deque[tuple[asyncio.Task[object] | None, asyncio.Future[None]]] = deque()
         self._release_scheduled = False
         self.waits = 0  # times a caller had to wait for a later iteration (tests, benchmarks)
 
-    async def turn(self) -> None:
+    async def turn(self, *, urgent: bool = False) -> None:
         task = asyncio.current_task()
         now = time.perf_counter()
         if self._holder is task and now - self._slice_start < self._slice_s:
             return
-        if self._holder is None and not self._waiters:
+        if self._holder is None and not self._waiters and not self._urgent:
             self._take(task, now)
             return
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.append((task, fut))
+        (self._urgent if urgent else self._waiters).append((task, fut))
         self.waits += 1
         self._schedule_release()
         await fut  # on wake-up this task holds a fresh slice
@@ -64,13 +67,14 @@ class Turnstile:
     def _release(self) -> None:
         self._release_scheduled = False
         self._holder = None
-        while self._waiters:
-            task, fut = self._waiters.popleft()
-            if fut.done():  # the waiter was cancelled
-                continue
-            self._take(task, time.perf_counter())
-            fut.set_result(None)
-            return
+        for queue in (self._urgent, self._waiters):
+            while queue:
+                task, fut = queue.popleft()
+                if fut.done():  # the waiter was cancelled
+                    continue
+                self._take(task, time.perf_counter())
+                fut.set_result(None)
+                return
 
 
 _TURNSTILES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turnstile] = (
@@ -87,6 +91,7 @@ def turnstile() -> Turnstile:
     return t
 
 
-async def turn() -> None:
-    """Go on if this task still holds the loop's time slice, else wait for a later iteration."""
-    await turnstile().turn()
+async def turn(*, urgent: bool = False) -> None:
+    """Go on if this task still holds the loop's time slice, else wait for a later iteration
+    (``urgent``: ahead of the waiters that are not)."""
+    await turnstile().turn(urgent=urgent)

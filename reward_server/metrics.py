@@ -64,7 +64,8 @@ ADMITTED = Gauge(
 )
 REFUSED = Counter(
     "reward_server_admission_refused_total", "Calls refused by admission control "
-    "(RESOURCE_EXHAUSTED), by the limit that was full.", ("limit",),
+    "(RESOURCE_EXHAUSTED), by the limit that was full and when (before_read: before the request "
+    "was read; after_parse: once its size was known).", ("limit", "stage"),
 )
 
 
@@ -99,9 +100,9 @@ def set_admitted(judgments: int, nbytes: int) -> None:
     ADMITTED.labels("bytes").set(nbytes)
 
 
-def observe_refusal(limit: str) -> None:
-    """One call refused because the ``limit`` (judgments, bytes) was full."""
-    REFUSED.labels(limit).inc()
+def observe_refusal(limit: str, stage: str) -> None:
+    """One call refused at ``stage`` because the ``limit`` (judgments, bytes) was full."""
+    REFUSED.labels(limit, stage).inc()
 
 
 @contextmanager

@@ -107,7 +107,7 @@ class RewardService:
     @contextlib.contextmanager
     def _admitted(self, ticket: Ticket | None, judgments: int) -> Iterator[None]:
         """Hold ``judgments`` on the caller's ticket, or on one of our own for this block."""
-        held = ticket if ticket is not None else self.admission.enter(0)
+        held = ticket if ticket is not None else self.admission.enter()
         try:
             held.admit(judgments)
             yield
@@ -117,12 +117,18 @@ class RewardService:
 
     # ------------------------------------------------------------------ Score
     async def score(
-        self, items: Sequence[d.ScoreItem], *, ticket: Ticket | None = None
+        self,
+        items: Sequence[d.ScoreItem],
+        *,
+        ticket: Ticket | None = None,
+        judgments: int | None = None,
     ) -> list[d.ItemResult]:
         """One result per item, in order. Raises InvalidRequest for a malformed request and
-        Overloaded when admission control refuses it (``ticket``: the transport's, holding
-        the request's bytes)."""
-        judgments = await self.validator.items(items)
+        Overloaded when admission control refuses it. ``ticket``: the transport's, holding the
+        request's bytes; ``judgments``: given when the caller has validated ``items`` with
+        :attr:`validator` already (as it converted them)."""
+        if judgments is None:
+            judgments = await self.validator.items(items)
         with self._admitted(ticket, judgments):
             try:
                 async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch

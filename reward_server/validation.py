@@ -97,7 +97,9 @@ class Validator:
         n = utf8_len(value, limit)
         return f"{field} has {n} bytes, over {limit}" if n > limit else None
 
-    def _count(self, n: int, limit: int, name: str, where: str) -> None:
+    def count(self, n: int, name: str, where: str) -> None:
+        """Refuse ``n`` entries at ``where`` if over the limit called ``name``."""
+        limit: int = getattr(self.limits, name)
         if n > limit:
             raise InvalidRequest(
                 f"{where}: {n} entries exceed service.limits.{name}={limit}; send fewer"
@@ -106,7 +108,7 @@ class Validator:
     def history(self, items: Sequence[d.HistoryItem], where: str) -> None:
         if not items:
             raise InvalidRequest(f"{where}: needs at least one (context, text) item")
-        self._count(len(items), self.limits.max_history_items, "max_history_items", where)
+        self.count(len(items), "max_history_items", where)
         for k, h in enumerate(items):
             self.text(h.context, f"{where}[{k}].context", required=False)
             self.text(h.text, f"{where}[{k}].text")
@@ -124,8 +126,7 @@ class Validator:
             self.text(spec.context, f"{w}.context", required=False)
             if not spec.rules:
                 raise InvalidRequest(f"{w}.rules: needs at least one rule")
-            self._count(len(spec.rules), self.limits.max_rules_per_item, "max_rules_per_item",
-                        f"{w}.rules")
+            self.count(len(spec.rules), "max_rules_per_item", f"{w}.rules")
             for k, rule in enumerate(spec.rules):
                 self.text(rule, f"{w}.rules[{k}]")
             return len(spec.rules)
@@ -138,8 +139,7 @@ class Validator:
                 raise InvalidRequest(
                     f"{w}.baselines: PARL-{spec.variant.value} needs at least one baseline output"
                 )
-            self._count(len(spec.baselines), self.limits.max_baselines, "max_baselines",
-                        f"{w}.baselines")
+            self.count(len(spec.baselines), "max_baselines", f"{w}.baselines")
             for k, b in enumerate(spec.baselines):
                 self.text(b, f"{w}.baselines[{k}]")
             texts = self._judged_history(len(spec.history)) + 1 + len(spec.baselines)
@@ -153,7 +153,7 @@ class Validator:
         w = f"{where}.weighted.parts"
         if not spec.parts:
             raise InvalidRequest(f"{w}: needs at least one part")
-        self._count(len(spec.parts), self.limits.max_weighted_parts, "max_weighted_parts", w)
+        self.count(len(spec.parts), "max_weighted_parts", w)
         work = 0
         for j, part in enumerate(spec.parts):
             if not math.isfinite(part.weight) or part.weight < 0:

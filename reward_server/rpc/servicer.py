@@ -6,7 +6,8 @@ clients see no difference, but the handler starts when a call's headers arrive (
 interceptor) instead of after its body, so that a call is:
 
 1. refused at once, before its body is read, when the server is draining (UNAVAILABLE) or
-   admission control is full (RESOURCE_EXHAUSTED with ``grpc-retry-pushback-ms``);
+   admission control has no room for a call of the usual size (RESOURCE_EXHAUSTED with
+   ``grpc-retry-pushback-ms``);
 2. given ``server.receive_timeout_s`` for its one request message (half-open calls end);
 3. parsed here (:mod:`reward_server.rpc.wire`): a malformed body is INVALID_ARGUMENT, a large
    Score request is parsed and converted item by item;
@@ -29,7 +30,7 @@ import grpc
 from reward_server import domain as d
 from reward_server import metrics
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.admission import Ticket
+from reward_server.admission import Admission, Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
 from reward_server.rpc.settings import ServerSettings
@@ -157,12 +158,12 @@ class RewardServicer:
             self._idle.clear()
             remaining = context.time_remaining()
             timeout = self._settings.default_timeout_s if remaining is None else max(0.0, remaining)
+            admission = self._service.admission if admit else Admission.off()
             try:
                 async with asyncio.timeout(timeout):
-                    if admit:
-                        self._service.admission.check_room()
-                    raw = await self._receive(requests, rpc)
-                    with self._service.admission.enter(len(raw)) as ticket:
+                    with admission.enter() as ticket:  # refused here when full: nothing read
+                        raw = await self._receive(requests, rpc)
+                        ticket.add_bytes(len(raw))
                         return await work(raw, ticket)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -195,11 +196,20 @@ class RewardServicer:
 
     async def Score(self, requests: Requests, context: Context) -> pb.ScoreResponse:
         async def work(raw: bytes, ticket: Ticket) -> pb.ScoreResponse:
+            validator = self._service.validator
+            seen: dict[str, int] = {}
+            judgments = 0
+
+            def check(item: d.ScoreItem, index: int) -> None:  # refuse at the first bad item
+                nonlocal judgments
+                judgments += validator.item(item, index, seen)
+
             items = await convert.score_items(
-                raw, max_item_bytes=self._service.settings.limits.max_item_bytes,
-                check_count=self._service.validator.batch_size,
+                raw, max_item_bytes=validator.limits.max_item_bytes,
+                check_count=validator.batch_size, check_item=check, count=validator.count,
             )
-            results = await self._service.score(items, ticket=ticket)
+            judgments = validator.total(judgments, "items")
+            results = await self._service.score(items, ticket=ticket, judgments=judgments)
             for item, result in zip(items, results, strict=True):
                 metrics.observe_items(d.kind_of(item.spec).value, result.status.value)
             return await convert.score_response(results)

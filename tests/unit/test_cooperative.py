@@ -76,3 +76,20 @@ async def test_a_cancelled_waiter_does_not_block_the_others() -> None:
     b.cancel()
     await asyncio.wait_for(asyncio.gather(h, c), 1.0)
     assert b.cancelled() and started == [2]
+
+
+async def test_urgent_waiters_go_first() -> None:
+    order: list[str] = []
+
+    async def hog() -> None:
+        await cooperative.turn()
+        _busy(0.006)
+        order.append("hog")
+
+    async def waiter(name: str, urgent: bool) -> None:
+        await cooperative.turn(urgent=urgent)
+        _busy(0.006)
+        order.append(name)
+
+    await asyncio.gather(hog(), waiter("a", False), waiter("b", False), waiter("u", True))
+    assert order == ["hog", "u", "a", "b"]
