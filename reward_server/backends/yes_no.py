@@ -2,12 +2,16 @@
 
 ``p_yes = sigmoid(l_yes - l_no)`` where ``l_yes`` is the logsumexp of the next-token log-probs
 of the single-token variants of ``yes`` (``yes``, ``Yes``, `` yes``, `` Yes``) and ``l_no`` the
-same for ``no``. The engines differ only in where the log-probs come from.
+same for ``no``. The engines differ only in where the log-probs come from; each reads the
+log-prob of every variant token id, so the fold is exact (docs/parl.md §2 has the per-engine
+table). When a server cannot report some variant, :func:`p_yes_bounds` gives the interval the
+true value lies in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_server.errors import ModelLoadError
@@ -21,20 +25,31 @@ def variants(word: str) -> tuple[str, ...]:
     return (word, word.capitalize(), " " + word, " " + word.capitalize())
 
 
-def answer_token_ids(tokenizer: Any, word: str) -> list[int]:
-    """Single-token ids of the variants of ``word`` (the bare form must be one token)."""
-    ids: list[int] = []
+def side_of(spelling: str) -> str | None:
+    """``"yes"`` / ``"no"`` for a spelling of an answer word (any case, surrounding spaces)."""
+    word = spelling.strip().lower()
+    return word if word in ANSWERS else None
+
+
+def answer_spellings(tokenizer: Any, word: str) -> dict[str, int]:
+    """Variant spelling -> token id, for the variants of ``word`` that are one token (the bare
+    form must be)."""
+    out: dict[str, int] = {}
     for variant in variants(word):
         enc = tokenizer.encode(variant, add_special_tokens=False)
         if len(enc) == 1:
-            if int(enc[0]) not in ids:
-                ids.append(int(enc[0]))
+            out[variant] = int(enc[0])
         elif variant == word:
             raise ModelLoadError(
                 f"the judge tokenizer splits {word!r} into {len(enc)} tokens {enc}; p_yes needs "
                 "'yes' and 'no' to be single tokens: use another judge model"
             )
-    return ids
+    return out
+
+
+def answer_token_ids(tokenizer: Any, word: str) -> list[int]:
+    """Single-token ids of the variants of ``word`` (the bare form must be one token)."""
+    return list(dict.fromkeys(answer_spellings(tokenizer, word).values()))
 
 
 def yes_no_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -43,6 +58,12 @@ def yes_no_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
     if set(yes) & set(no):
         raise ModelLoadError("the judge tokenizer maps 'yes' and 'no' to a shared token")
     return yes, no
+
+
+def answer_vocab(tokenizer: Any) -> dict[str, int]:
+    """Every single-token spelling of yes and no -> its id; ModelLoadError if they overlap."""
+    yes_no_ids(tokenizer)
+    return {**answer_spellings(tokenizer, "yes"), **answer_spellings(tokenizer, "no")}
 
 
 def chat_messages(system: str, user: str) -> list[dict[str, str]]:
@@ -64,19 +85,33 @@ def fold_by_ids(logprobs: Mapping[int, float], ids: Sequence[int]) -> float | No
     return logsumexp(found) if found else None
 
 
-def fold_by_text(entries: Iterable[tuple[str, float]]) -> tuple[float | None, float | None]:
-    """(l_yes, l_no) folded over tokens whose stripped lowercase text is yes / no."""
-    yes: list[float] = []
-    no: list[float] = []
-    for token, lp in entries:
-        word = token.strip().lower()
-        if word == "yes":
-            yes.append(lp)
-        elif word == "no":
-            no.append(lp)
-    return (logsumexp(yes) if yes else None, logsumexp(no) if no else None)
-
-
 def p_yes(l_yes: float, l_no: float) -> float:
     """The judge's probability of yes against no."""
     return p_yes_from_logits(l_yes, l_no)
+
+
+def p_yes_exact(logprobs: Mapping[int, float], yes_ids: Sequence[int], no_ids: Sequence[int]) -> float | None:
+    """p_yes from the log-probs of every variant id; None when one of them is missing."""
+    l_yes, l_no = fold_by_ids(logprobs, yes_ids), fold_by_ids(logprobs, no_ids)
+    if l_yes is None or l_no is None or any(i not in logprobs for i in (*yes_ids, *no_ids)):
+        return None
+    return p_yes(l_yes, l_no)
+
+
+def p_yes_bounds(
+    yes: Sequence[float], no: Sequence[float], *, missing_yes: int, missing_no: int, cap: float
+) -> tuple[float, float]:
+    """The interval p_yes lies in when only some variants' log-probs are known.
+
+    ``yes`` / ``no``: the known log-probs; ``missing_*``: how many variants are unknown; ``cap``:
+    a log-prob no unknown variant can exceed (the smallest one the server listed, since the
+    unknown ones were outside its top list). The low end puts every unknown ``no`` at ``cap``
+    and every unknown ``yes`` at zero probability, the high end the reverse.
+    """
+    s_yes = sum(math.exp(x) for x in yes)
+    s_no = sum(math.exp(x) for x in no)
+    extra_yes, extra_no = missing_yes * math.exp(cap), missing_no * math.exp(cap)
+    lo_den, hi_den = s_yes + s_no + extra_no, s_yes + extra_yes + s_no
+    lo = s_yes / lo_den if lo_den > 0 else 0.0
+    hi = (s_yes + extra_yes) / hi_den if hi_den > 0 else 1.0
+    return lo, hi

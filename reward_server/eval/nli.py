@@ -1,19 +1,17 @@
-"""``reward-server eval nli``: NLICV over a JSONL file, confusion matrix, Table-3-shaped summary.
+"""``reward-server eval nli``: NLICV's comparisons from files (formats: docs/evaluation.md).
 
-Input: one JSON object per line::
+``--input items.jsonl`` (``{"id"?, "response", "answer", "preference", "regime"?}`` per line):
+the NLI verifier's regimes, confusion matrix and Mean Acc (Tables 2-3 shape) and, when
+``engines.judge`` is set, the same for the LLM-as-judge baseline
+(:mod:`reward_server.nli.llm_judge`), with the cost per item of each.
 
-    {"id": "u0-q3-p",                # optional; default: the line number
-     "response": "...",              # the LLM response under test (premise)
-     "answer": "...",                # the correct answer a (Correct(r, a))
-     "preference": "...",            # the user's preference i (Aligned(r, i))
-     "regime": "personalization"}    # optional gold label: personalization | generalization |
-                                     #   sycophancy | failure
+``--pairs pairs.jsonl`` (``{"id"?, "response", "reference", "label": positive|negative}``):
+Table 1's robustness experiment, the NLI verifier and every classic metric before and after
+a seeded synonym perturbation (:mod:`reward_server.eval.robustness`).
 
-Outputs in ``--out``: ``results.jsonl`` (per item: id, gold, regime, s_correct, s_aligned,
-truncated, and evidence with ``--evidence``), ``summary.json`` (per-regime means and accuracy,
-Mean Acc, confusion matrix gold x predicted, items/s, model id, template versions, settings) and
-``confusion.png`` (a heatmap; needs matplotlib, the ``eval`` extra). The engine comes from the
-config (``engines.nli``; ``--set engines.nli.kind=transformers --set engines.nli.model=...``).
+Outputs in ``--out``: ``summary.json`` (the source of truth), ``results.jsonl`` (per item:
+verifier S_c, S_a, regime, truncation, evidence with ``--evidence``, the judge's answer),
+``confusion.png`` and ``robustness.png`` rendered from the JSON; the tables go to stdout.
 """
 
 from __future__ import annotations
@@ -22,19 +20,25 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import logging
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.domain import Regime, Verification
 from reward_server.eval import progress_bar
-from reward_server.nli.metrics import EvalSummary, format_table, summarize
-from reward_server.nli.verifier import REGIME_ORDER, VerifyInput, template_versions, verify_batch
-
-logger = logging.getLogger(__name__)
+from reward_server.eval.classic import ClassicMetrics, add_classic_args, classic_settings
+from reward_server.eval.common import Cost, add_config_args, overrides, write_json
+from reward_server.eval.nli_report import format_all, write_confusion, write_robustness
+from reward_server.eval.robustness import DEFAULT_RATES, Pair, describe, perturbed_responses, read_pairs, table
+from reward_server.nli.llm_judge import JUDGE_TEMPLATE_VERSION, JudgeVerdict, judge_request, parse_judge_answer
+from reward_server.nli.metrics import summarize
+from reward_server.nli.settings import NLISettings
+from reward_server.nli.verifier import VerifyInput, template_versions, verify_batch
+from reward_server.serving.engines import JudgeFactory, NLIFactory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,139 +50,237 @@ class EvalItem:
 
 def register(subparsers: Any) -> None:
     """Add the ``nli`` command to an argparse subparsers object."""
-    p = subparsers.add_parser("nli", help="NLICV confusion-matrix evaluation over a JSONL file")
-    p.add_argument("--input", required=True, type=Path, help="items.jsonl (see module doc)")
+    p = subparsers.add_parser("nli", help="NLICV: confusion matrix vs LLM-as-judge, robustness vs classic metrics")
+    p.add_argument("--input", type=Path, help="items.jsonl: {response, answer, preference, regime?} per line")
+    p.add_argument("--pairs", type=Path, help="pairs.jsonl: {response, reference, label} (robustness)")
     p.add_argument("--out", required=True, type=Path, help="output folder")
-    p.add_argument("--config", "-c", type=Path, help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set nli.long_premise=windows")  # fmt: skip
     p.add_argument("--evidence", action="store_true", help="also compute ablation evidence")
     p.add_argument("--chunk", type=int, default=64, help="items per batched engine pass")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-llm-judge", action="store_true", help="skip the LLM-as-judge baseline")
+    p.add_argument("--judge-max-new-tokens", type=int, default=48, help="LLM-as-judge answer length")
+    p.add_argument("--rates", default=",".join(str(r) for r in DEFAULT_RATES), help="perturbation rates")
+    p.add_argument("--seed", type=int, default=0, help="perturbation seed")
+    p.add_argument("--classic-threshold", default="fit",
+                   help="'fit' (best accuracy on the unperturbed pairs) or a fixed number such as 0.5")  # fmt: skip
+    add_classic_args(p)
+    add_config_args(p, example="nli")
     p.set_defaults(fn=run_nli_eval)
 
 
 def read_items(path: Path) -> list[EvalItem]:
     """Parse the JSONL input; ValueError naming the line on any malformed record."""
+    from reward_server.eval.common import read_jsonl
+
     items: list[EvalItem] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise ValueError("not a JSON object")
-                fields = [rec.get(k) for k in ("response", "answer", "preference")]
-                if not all(isinstance(x, str) for x in fields):
-                    raise ValueError("response, answer and preference must be strings")
-                gold_raw = rec.get("regime")
-                gold = Regime(str(gold_raw).strip().lower()) if gold_raw else None
-            except ValueError as e:
-                raise ValueError(f"{path}:{n}: {e}") from None
-            response, answer, preference = (str(x) for x in fields)
-            items.append(
-                EvalItem(str(rec.get("id", n)), VerifyInput(response, answer, preference), gold)
-            )
+    for n, rec in read_jsonl(path):
+        try:
+            fields = [rec.get(k) for k in ("response", "answer", "preference")]
+            if not all(isinstance(x, str) for x in fields):
+                raise ValueError("response, answer and preference must be strings")
+            gold_raw = rec.get("regime")
+            gold = Regime(str(gold_raw).strip().lower()) if gold_raw else None
+        except ValueError as e:
+            raise ValueError(f"{path}:{n}: {e}") from None
+        response, answer, preference = (str(x) for x in fields)
+        items.append(EvalItem(str(rec.get("id", n)), VerifyInput(response, answer, preference), gold))
     return items
 
 
+async def _chunked_verify(
+    nli: NLIEngine, inputs: Sequence[VerifyInput], settings: NLISettings, *, chunk: int, evidence: bool, bar: Any,
+) -> list[Verification]:  # fmt: skip
+    out: list[Verification] = []
+    for i in range(0, len(inputs), max(1, chunk)):
+        part = inputs[i : i + max(1, chunk)]
+        out += await verify_batch(nli, part, settings, evidence=evidence)
+        if bar is not None:
+            bar.update(len(part))
+    return out
 
 
-async def evaluate(
-    items: list[EvalItem], config: RewardServerConfig, *, evidence: bool, chunk: int,
-    progress: bool = True,
-) -> tuple[list[Verification], EvalSummary, str]:  # fmt: skip
-    """Verify every item (``chunk`` items per engine pass) and summarize; returns the model id."""
-    from reward_server.serving import start_engines
+async def judge_items(
+    judge: JudgeEngine, items: Sequence[EvalItem], *, chunk: int, max_new_tokens: int, bar: Any = None
+) -> list[JudgeVerdict]:
+    """The LLM judge's parsed answer on every item, ``chunk`` requests per generate call."""
+    out: list[JudgeVerdict] = []
+    for i in range(0, len(items), max(1, chunk)):
+        part = items[i : i + max(1, chunk)]
+        reqs = [
+            judge_request(response=it.inputs.response, answer=it.inputs.answer,
+                          preference=it.inputs.preference, max_new_tokens=max_new_tokens)
+            for it in part
+        ]  # fmt: skip
+        answers = await judge.generate(reqs)
+        if len(answers) != len(part):
+            raise ValueError(f"judge {judge.model_id} returned {len(answers)} answers for {len(part)} requests")
+        out += [parse_judge_answer(a) for a in answers]
+        if bar is not None:
+            bar.update(len(part))
+    return out
 
-    engines = start_engines(config.engines, config.serving, require=("nli",))
-    nli = engines.nli
-    bar = progress_bar(len(items), progress)
-    results: list[Verification] = []
+
+def _bar(total: int, progress: bool, desc: str) -> Any:
+    return progress_bar(total, progress, desc=desc)
+
+
+async def _regimes(
+    doc: dict[str, Any], records: list[dict[str, Any]], items: Sequence[EvalItem], nli: NLIEngine,
+    judge: JudgeEngine | None, config: RewardServerConfig, args: argparse.Namespace, costs: list[Cost],
+) -> None:  # fmt: skip
+    progress = not args.no_progress
+    cost = Cost("NLI verifier (regimes)", nli.model_id)
+    bar = _bar(len(items), progress, "NLI verifier")
     start = time.perf_counter()
-    try:
-        for i in range(0, len(items), max(1, chunk)):
-            part = items[i : i + max(1, chunk)]
-            results += await verify_batch(nli, [it.inputs for it in part], config.nli, evidence=evidence)
-            if bar is not None:
-                bar.update(len(part))
-    finally:
+    with cost.timing(len(items)):
+        results = await _chunked_verify(nli, [it.inputs for it in items], config.nli, chunk=args.chunk,
+                                        evidence=args.evidence, bar=bar)  # fmt: skip
+    if bar is not None:
+        bar.close()
+    costs.append(cost)
+    gold = [it.gold for it in items]
+    doc.update(summarize(gold, results, seconds=time.perf_counter() - start).to_dict())
+    doc |= {"model_id": nli.model_id, "template_versions": template_versions(config.nli),
+            "settings": config.nli.model_dump(mode="json")}  # fmt: skip
+    for it, v in zip(items, results, strict=True):
+        rec: dict[str, Any] = {
+            "id": it.item_id, "gold": it.gold.value if it.gold else None, "regime": v.regime.value,
+            "s_correct": v.s_correct, "s_aligned": v.s_aligned, "truncated": v.truncated,
+        }  # fmt: skip
+        if args.evidence:
+            rec["evidence"] = [dataclasses.asdict(e) for e in v.evidence]
+        records.append(rec)
+    if judge is None:
+        return
+    cost = Cost("LLM-as-judge (JSON)", judge.model_id)
+    bar = _bar(len(items), progress, "LLM-as-judge")
+    start = time.perf_counter()
+    with cost.timing(len(items)):
+        verdicts = await judge_items(judge, items, chunk=args.chunk, max_new_tokens=args.judge_max_new_tokens, bar=bar)
+    if bar is not None:
+        bar.close()
+    costs.append(cost)
+    tau = config.nli.threshold
+    as_v: list[Verification | None] = []
+    for d in verdicts:
+        regime = d.regime(tau)
+        if regime is None or d.s_correct is None or d.s_aligned is None:
+            as_v.append(None)
+        else:
+            as_v.append(Verification(s_correct=d.s_correct, s_aligned=d.s_aligned, regime=regime, truncated=False))
+    summary = summarize(gold, as_v, seconds=time.perf_counter() - start).to_dict()
+    invalid = {s: sum(1 for d in verdicts if d.status == s) for s in ("unparsable", "out_of_range")}
+    summary |= {"model_id": judge.model_id, "template_version": JUDGE_TEMPLATE_VERSION, "invalid": invalid}
+    doc["llm_judge"] = summary
+    for rec, d in zip(records, verdicts, strict=True):
+        r = d.regime(tau)
+        rec["judge"] = {"s_correct": d.s_correct, "s_aligned": d.s_aligned, "status": d.status,
+                        "regime": r.value if r else None, "answer": d.answer}  # fmt: skip
+
+
+async def _robustness(
+    doc: dict[str, Any], pairs: Sequence[Pair], nli: NLIEngine, config: RewardServerConfig,
+    args: argparse.Namespace, costs: list[Cost],
+) -> None:  # fmt: skip
+    rates = sorted({float(r) for r in args.rates.split(",") if r.strip()})
+    if not rates or not all(0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"--rates must be numbers in [0, 1], got {args.rates!r}")
+    perturbed = perturbed_responses(pairs, rates, seed=args.seed)
+    refs = [p.reference for p in pairs]
+    scores: dict[str, dict[float, list[float]]] = {"nli": {}}
+    nli_cost = Cost("NLI verifier (pairs)", nli.model_id)
+    bar = _bar(len(pairs) * len(rates), not args.no_progress, "NLI on pairs")
+    for r in rates:
+        inputs = [VerifyInput(resp, ref, "") for resp, ref in zip(perturbed[r]["responses"], refs, strict=True)]
+        with nli_cost.timing(len(inputs)):
+            vs = await _chunked_verify(nli, inputs, config.nli, chunk=args.chunk, evidence=False, bar=bar)
+        scores["nli"][r] = [v.s_correct for v in vs]
+    if bar is not None:
+        bar.close()
+    costs.append(nli_cost)
+    settings = classic_settings(args)
+    scorer = ClassicMetrics(settings) if settings is not None else None
+    if scorer is not None:
+        bar = _bar(len(scorer.names) * len(pairs) * len(rates), not args.no_progress, "classic metrics")
+        for m in scorer.names:
+            cost = Cost(m, scorer.engine(m))
+            scores[m] = {}
+            for r in rates:
+                with cost.timing(len(pairs)):
+                    scores[m][r] = scorer.score(m, perturbed[r]["responses"], refs)
+                if bar is not None:
+                    bar.update(len(pairs))
+            costs.append(cost)
         if bar is not None:
             bar.close()
-        await engines.close()
-    seconds = time.perf_counter() - start
-    return results, summarize([it.gold for it in items], results, seconds=seconds), nli.model_id
+    rule: float | str = "fit" if args.classic_threshold == "fit" else float(args.classic_threshold)
+    t = table(scores, [p.positive for p in pairs], thresholds={m: rule for m in scores}, nli_methods=("nli",),
+              nli_tau=config.nli.threshold)  # fmt: skip
+    for row in t["rows"]:
+        row["replaced_share"] = perturbed[row["rate"]]["replaced_share"]
+        row["eligible_share"] = perturbed[row["rate"]]["eligible_share"]
+    doc["robustness"] = describe(pairs, seed=args.seed) | t | {
+        "nli_model": nli.model_id, "classic": scorer.describe() if scorer else {},
+        "missing": scorer.missing if scorer else {}, "examples": {
+            str(r): perturbed[r]["responses"][0] for r in rates},
+    }  # fmt: skip
 
 
-def write_heatmap(summary: EvalSummary, path: Path) -> bool:
-    """Confusion-matrix heatmap (gold rows x predicted columns); False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib is not installed (extra 'eval'); no heatmap written")
-        return False
-    names = [r.value for r in REGIME_ORDER]
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    im = ax.imshow(summary.confusion, cmap="Blues")
-    ax.set_xticks(range(4), names, rotation=30, ha="right")
-    ax.set_yticks(range(4), names)
-    ax.set_xlabel("predicted regime")
-    ax.set_ylabel("gold regime")
-    for r in range(4):
-        for c in range(4):
-            ax.text(c, r, str(summary.confusion[r][c]), ha="center", va="center")
-    acc = "n/a" if summary.mean_acc is None else f"{100 * summary.mean_acc:.1f}%"
-    ax.set_title(f"NLICV confusion matrix (Mean Acc {acc})")
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def run_nli_eval(args: argparse.Namespace) -> int:
+def run_nli_eval(
+    args: argparse.Namespace, *, judge_factory: JudgeFactory | None = None, nli_factory: NLIFactory | None = None
+) -> int:
     """Entry point of ``eval nli``; 0 on success, 2 on bad input."""
-    config = load_config(args.config, overrides=args.overrides)
+    from reward_server.serving import start_engines
+
+    config = load_config(args.config, overrides=overrides(args))
     try:
-        items = read_items(args.input)
+        items = read_items(args.input) if args.input else []
+        pairs = read_pairs(args.pairs) if args.pairs else []
+        if args.classic_threshold != "fit":
+            float(args.classic_threshold)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not items:
-        print(f"error: {args.input} holds no items", file=sys.stderr)
+    if not items and not pairs:
+        print("error: nothing to evaluate: give --input items.jsonl and/or --pairs pairs.jsonl", file=sys.stderr)
         return 2
-    results, summary, model_id = asyncio.run(
-        evaluate(items, config, evidence=args.evidence, chunk=args.chunk,
-                 progress=not getattr(args, "no_progress", False))
-    )  # fmt: skip
+    use_judge = bool(items) and not args.no_llm_judge and config.engines.judge is not None
+    engines = start_engines(config.engines, config.serving, require=("nli", "judge") if use_judge else ("nli",),
+                            judge_factory=judge_factory, nli_factory=nli_factory)  # fmt: skip
+    doc: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
+    costs: list[Cost] = []
+
+    async def go() -> None:
+        try:
+            if items:
+                await _regimes(doc, records, items, engines.nli, engines.judge if use_judge else None,
+                               config, args, costs)  # fmt: skip
+            if pairs:
+                await _robustness(doc, pairs, engines.nli, config, args, costs)
+        finally:
+            await engines.close()
+
+    try:
+        asyncio.run(go())
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if items and not use_judge:
+        why = "--no-llm-judge" if args.no_llm_judge else "engines.judge is not set (set it, or use --fake)"
+        doc["llm_judge"] = {"missing": why}
+    doc["cost"] = [c.to_dict() for c in costs]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "results.jsonl").open("w", encoding="utf-8") as f:
-        for it, v in zip(items, results, strict=True):
-            rec: dict[str, Any] = {
-                "id": it.item_id,
-                "gold": it.gold.value if it.gold else None,
-                "regime": v.regime.value,
-                "s_correct": v.s_correct,
-                "s_aligned": v.s_aligned,
-                "truncated": v.truncated,
-            }
-            if args.evidence:
-                rec["evidence"] = [dataclasses.asdict(e) for e in v.evidence]
-            f.write(json.dumps(rec) + "\n")
-    doc = summary.to_dict() | {
-        "model_id": model_id,
-        "template_versions": template_versions(config.nli),
-        "settings": config.nli.model_dump(mode="json"),
-    }
-    (out / "summary.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    heatmap = write_heatmap(summary, out / "confusion.png")
-    print(f"NLICV on {args.input} with {model_id}")
-    print(format_table(summary))
-    print(f"wrote {out / 'results.jsonl'}, {out / 'summary.json'}"
-          + (f", {out / 'confusion.png'}" if heatmap else ""))  # fmt: skip
+    written = [out / "summary.json"]
+    doc = write_json(out / "summary.json", doc)
+    if records:
+        with (out / "results.jsonl").open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        written.append(out / "results.jsonl")
+    if not args.no_plot:
+        for name, writer in (("confusion.png", write_confusion), ("robustness.png", write_robustness)):
+            if writer(doc, out / name):
+                written.append(out / name)
+    print(format_all(doc))
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -1,29 +1,25 @@
-"""``reward-server eval parl``: the PARL evaluation table (paper Table 1 shape) from files.
+"""``reward-server eval parl``: PARL's comparison table from files (formats: docs/evaluation.md).
 
-Inputs
-  ``--rubrics R.jsonl``  one user per line: ``{"user_id": "u1", "rules": ["...", ...],
-                        "task": "amazon"}`` (``task`` optional: generic|amazon|news|reddit;
-                        ``rules`` may be empty: the user is not covered).
-  ``--predictions DIR`` one ``<method>.jsonl`` per method, the ground truth in ``gt.jsonl``
-                        (``--gt``), one test sample per line: ``{"user_id": "u1",
-                        "text": "...", "context": "...", "sample_id": "s1"}`` (``context``
-                        optional; ``sample_id`` optional, defaults to the user's n-th line).
-                        Samples are paired across methods by (user_id, sample_id).
-Outputs (``--out DIR``)
-  ``parl_eval.json``    coverage, average rules, per method: user-level accuracy (all-or-
-                        nothing), rubric-level accuracy pooled and per-sample mean, samples
-                        scored; Max-Diff vs the best non-GT method with a paired t-test p;
-                        judge model, template versions and threshold (provenance).
-  ``parl_eval.png``     bar chart of user-level accuracy per method.
-The table is printed on stdout; a progress bar runs on stderr while judging.
+Inputs: ``--rubrics R.jsonl`` (each user's rules and task), ``--predictions DIR`` (one
+``<method>.jsonl`` per method, the ground truth in ``gt.jsonl``), ``--history H.jsonl`` (each
+user's raw history, for the LLM-as-judge baseline; without it that column is not run).
+
+Per method: user-level and rubric-level accuracy of the rubrics (ours, judged by
+``engines.judge`` p_yes), the holistic LLM-as-judge 1-5 score normalised by (s-1)/4 (the same
+judge, sampled answers, :mod:`reward_server.rubric.holistic`), the classic metrics against the
+ground truth (:mod:`reward_server.eval.classic`), Max-Diff with its paired t-test for both
+judges, coverage, and the cost per item of every evaluator. Outputs in ``--out``:
+``parl_eval.json`` (the source of truth), ``parl_eval.png`` (rendered from it),
+``parl_samples.jsonl`` (per method and sample: rule p_yes, the judge's answer, classic scores); the table is
+printed on stdout, progress bars run on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
-import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,99 +27,65 @@ from pathlib import Path
 from typing import Any
 
 from reward_server.backends.base import JudgeEngine, JudgePrompt
-from reward_server.domain import Task
-from reward_server.rubric import metrics
+from reward_server.domain import HistoryItem, Task
+from reward_server.eval import progress_bar
+from reward_server.eval.classic import ClassicMetrics, ClassicSettings, add_classic_args, classic_settings
+from reward_server.eval.common import Cost, add_config_args, overrides, write_json
+from reward_server.eval.parl_io import Sample, UserRubric, read_history, read_methods, read_rubrics
+from reward_server.eval.parl_report import format_table, plot, summarize
+from reward_server.rubric.holistic import (
+    HOLISTIC_TEMPLATE_VERSION,
+    HolisticScore,
+    holistic_request,
+    parse_holistic_score,
+)
 from reward_server.rubric.scoring import judge_batch
 from reward_server.rubric.settings import RubricSettings
 from reward_server.rubric.templates import judge_prompts, template_versions
+from reward_server.serving.engines import JudgeFactory
 
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class UserRubric:
-    rules: tuple[str, ...]
-    task: Task
+Key = tuple[str, str]
+NO_RUBRIC = UserRubric((), Task.GENERIC)
 
 
 @dataclass(frozen=True)
-class Sample:
-    key: tuple[str, str]  # (user_id, sample_id)
-    context: str
-    text: str
+class ParlOptions:
+    gt: str = "gt"
+    chunk: int = 16
+    progress: bool = True
+    history: Mapping[str, Sequence[HistoryItem]] | None = None  # None: no LLM-as-judge
+    judge_max_new_tokens: int = 8
+    classic: ClassicSettings | None = dataclasses.field(default_factory=ClassicSettings)  # None: none
 
 
 def register(subparsers: Any) -> None:
     """Add the ``parl`` command to an argparse subparsers object."""
-    p = subparsers.add_parser("parl", help="PARL evaluation table over rubrics and predictions")
-    p.add_argument("--rubrics", required=True, type=Path, help="R.jsonl (see module doc)")
-    p.add_argument("--predictions", required=True, type=Path, help="folder of <method>.jsonl")
+    p = subparsers.add_parser("parl", help="PARL comparison table: rubrics, LLM-as-judge, classic metrics")
+    p.add_argument("--rubrics", required=True, type=Path, help="R.jsonl: {user_id, rules, task?} per line")
+    p.add_argument("--predictions", required=True, type=Path, help="folder of <method>.jsonl (and gt.jsonl)")
+    p.add_argument("--history", type=Path, help="H.jsonl: {user_id, history: [{context, text}]} (LLM-as-judge)")
     p.add_argument("--out", required=True, type=Path, help="output folder")
-    p.add_argument("--gt", default="gt", help="method name of the ground truth (file gt.jsonl)")
-    p.add_argument("--config", "-c", type=Path, help="YAML config file (judge backend, rubric settings)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set engines.judge.model=smollm2-local")  # fmt: skip
+    p.add_argument("--gt", default="gt", help="method name of the ground truth (file <gt>.jsonl)")
     p.add_argument("--chunk", type=int, default=16, help="samples per batched judge call")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG bar chart")
+    p.add_argument("--no-llm-judge", action="store_true", help="skip the LLM-as-judge baseline")
+    p.add_argument("--judge-max-new-tokens", type=int, default=8, help="LLM-as-judge answer length")
+    add_classic_args(p)
+    add_config_args(p, example="parl")
     p.set_defaults(fn=run_parl_eval)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("user_id"), str | int):
-                raise ValueError(f"{path}:{n}: expected an object with a user_id")
-            rows.append(rec)
-    return rows
-
-
-def read_rubrics(path: Path) -> dict[str, UserRubric]:
-    out: dict[str, UserRubric] = {}
-    for rec in _read_jsonl(path):
-        rules = rec.get("rules", [])
-        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
-            raise ValueError(f"{path}: user {rec['user_id']}: rules must be a list of strings")
-        out[str(rec["user_id"])] = UserRubric(tuple(rules), Task(rec.get("task", "generic")))
-    return out
-
-
-def read_predictions(path: Path) -> list[Sample]:
-    seen: dict[str, int] = {}
-    samples = []
-    for rec in _read_jsonl(path):
-        uid = str(rec["user_id"])
-        if not isinstance(rec.get("text"), str):
-            raise ValueError(f"{path}: user {uid}: text must be a string")
-        sid = str(rec.get("sample_id", seen.get(uid, 0)))
-        seen[uid] = seen.get(uid, 0) + 1
-        samples.append(Sample((uid, sid), str(rec.get("context", "")), rec["text"]))
-    return samples
-
-
 async def judge_samples(
-    judge: JudgeEngine,
-    rubrics: Mapping[str, UserRubric],
-    samples: Sequence[Sample],
-    *,
-    chunk: int,
-    on_progress: Callable[[int], None] | None = None,
-) -> dict[tuple[str, str], list[float]]:
+    judge: JudgeEngine, rubrics: Mapping[str, UserRubric], samples: Sequence[Sample], *,
+    chunk: int, on_progress: Callable[[int], None] | None = None,
+) -> dict[Key, list[float]]:  # fmt: skip
     """p_yes of every rule of the sample's user on the sample's text (empty: no rule)."""
-    out: dict[tuple[str, str], list[float]] = {}
+    out: dict[Key, list[float]] = {}
     for start in range(0, len(samples), chunk):
         part = samples[start : start + chunk]
         prompts: list[JudgePrompt] = []
-        spans: list[tuple[tuple[str, str], int, int]] = []
+        spans: list[tuple[Key, int, int]] = []
         for s in part:
-            ur = rubrics.get(s.key[0], UserRubric((), Task.GENERIC))
+            ur = rubrics.get(s.key[0], NO_RUBRIC)
             spans.append((s.key, len(prompts), len(ur.rules)))
             prompts.extend(judge_prompts(s.context, s.text, ur.rules, ur.task))
         p = await judge_batch(judge, prompts)
@@ -134,153 +96,172 @@ async def judge_samples(
     return out
 
 
-def summarize(
-    judged: Mapping[str, Mapping[tuple[str, str], Sequence[float]]],
-    rubrics: Mapping[str, UserRubric],
-    *,
-    gt: str,
-    threshold: float,
-) -> dict[str, Any]:
-    """Every metric of docs/parl.md §5 from judged samples per method."""
-    rule_sets = {u: r.rules for u, r in rubrics.items()}
-    methods: dict[str, dict[str, float]] = {}
-    for name, table in judged.items():
-        rows = list(table.values())
-        rla = metrics.rubric_level_accuracy(rows, threshold)
-        methods[name] = {
-            "n_samples": float(len(rows)),
-            "n_scored": float(sum(1 for r in rows if r)),
-            "user_level_accuracy": metrics.user_level_accuracy(rows, threshold),
-            "rubric_level_pooled": rla.pooled,
-            "rubric_level_per_sample": rla.per_sample_mean,
-        }
-    result: dict[str, Any] = {
-        "n_users": len(rubrics),
-        "coverage_percent": metrics.user_coverage(rule_sets),
-        "avg_valid_rules": metrics.average_valid_rules(rule_sets),
-        "threshold": threshold,
-        "methods": methods,
-    }
-    others = {m: v["user_level_accuracy"] for m, v in methods.items() if m != gt}
-    if gt in judged and others:
-        diff, best = metrics.max_diff(methods[gt]["user_level_accuracy"], others)
-        keys = [k for k, v in judged[gt].items() if v and k in judged[best]]
-        a = metrics.per_sample_user_level([judged[gt][k] for k in keys], threshold)
-        b = metrics.per_sample_user_level([judged[best][k] for k in keys], threshold)
-        p = metrics.paired_t_test_p(a, b)
-        result["max_diff"] = {"value": diff, "best_method": best, "p_value": p, "significant": bool(p < 0.05)}
-    return result
+async def judge_holistic(
+    judge: JudgeEngine, rubrics: Mapping[str, UserRubric], history: Mapping[str, Sequence[HistoryItem]],
+    samples: Sequence[Sample], *, chunk: int, history_limit: int, max_new_tokens: int,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[Key, HolisticScore]:  # fmt: skip
+    """The holistic 1-5 answer on every sample whose user has a history (others are skipped)."""
+    todo = [s for s in samples if history.get(s.key[0])]
+    out: dict[Key, HolisticScore] = {}
+    for start in range(0, len(todo), chunk):
+        part = todo[start : start + chunk]
+        requests = [
+            holistic_request(
+                tuple(history[s.key[0]])[-history_limit:], context=s.context, text=s.text,
+                task=rubrics.get(s.key[0], NO_RUBRIC).task, max_new_tokens=max_new_tokens,
+            )
+            for s in part
+        ]
+        answers = await judge.generate(requests)
+        if len(answers) != len(part):
+            raise ValueError(f"judge {judge.model_id} returned {len(answers)} answers for {len(part)} requests")
+        for s, a in zip(part, answers, strict=True):
+            out[s.key] = parse_holistic_score(a)
+        if on_progress:
+            on_progress(len(part))
+    return out
 
 
-def format_table(result: Mapping[str, Any], gt: str) -> str:
-    def pct(x: float) -> str:
-        return "   n/a" if x != x else f"{100 * x:6.2f}"
-
-    names = sorted(result["methods"], key=lambda m: (m != gt, m))
-    width = max(8, *(len(n) for n in names))
-    lines = [f"{'Method':<{width}}  User-acc  Rubric-acc(pooled)  Rubric-acc(per-sample)  Samples"]
-    for n in names:
-        m = result["methods"][n]
-        lines.append(
-            f"{(n + (' (GT)' if n == gt else '')):<{width}}  {pct(m['user_level_accuracy'])}    "
-            f"{pct(m['rubric_level_pooled'])}              {pct(m['rubric_level_per_sample'])}"
-            f"                  {int(m['n_scored'])}/{int(m['n_samples'])}"
-        )
-    lines.append(f"Coverage: {result['coverage_percent']:.1f}%   Avg valid rules/user: {result['avg_valid_rules']:.2f}")
-    if "max_diff" in result:
-        md = result["max_diff"]
-        lines.append(
-            f"Max-Diff: {100 * md['value']:.2f} pts vs {md['best_method']}  (paired t-test p={md['p_value']:.3g})"
-        )
-    return "\n".join(lines)
-
-
-def plot(result: Mapping[str, Any], gt: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = sorted(result["methods"], key=lambda m: (m != gt, m))
-    vals = [100 * result["methods"][n]["user_level_accuracy"] for n in names]
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5))
-    ax.bar(names, [0 if v != v else v for v in vals], color=["tab:green" if n == gt else "tab:blue" for n in names])
-    ax.set_ylabel("user-level accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("PARL rubric evaluation")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-async def evaluate(
-    judge: JudgeEngine, rubrics: Mapping[str, UserRubric], predictions: Path, *, gt: str,
-    settings: RubricSettings, chunk: int, progress: bool,
-) -> dict[str, Any]:  # fmt: skip
-    files = sorted(predictions.glob("*.jsonl"))
-    if not any(f.stem == gt for f in files):
-        raise ValueError(f"{predictions} has no {gt}.jsonl (the ground truth)")
-    samples = {f.stem: read_predictions(f) for f in files}
-    total = sum(len(s) for s in samples.values())
-    bar: Any = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="judging", unit="sample", file=sys.stderr)
+def score_classic(
+    scorer: ClassicMetrics, methods: Mapping[str, Sequence[Sample]], *, gt: str, costs: dict[str, Cost],
+    progress: bool,
+) -> dict[str, dict[str, dict[Key, float]]]:  # fmt: skip
+    """method -> metric -> sample -> score of the method's text against the GT text."""
+    ref = {s.key: s.text for s in methods[gt]}
+    out: dict[str, dict[str, dict[Key, float]]] = {}
+    pairs = {m: [s for s in ss if s.key in ref] for m, ss in methods.items() if m != gt}
+    total = len(scorer.names) * sum(len(p) for p in pairs.values())
+    bar = progress_bar(total, progress, unit="pair", desc="classic metrics")
     try:
-        judged = {
-            name: await judge_samples(judge, rubrics, s, chunk=chunk, on_progress=bar.update if bar else None)
-            for name, s in samples.items()
-        }
+        for name, ps in pairs.items():
+            out[name] = {}
+            for metric in scorer.names:
+                with costs[metric].timing(len(ps)):
+                    values = scorer.score(metric, [s.text for s in ps], [ref[s.key] for s in ps])
+                out[name][metric] = {s.key: v for s, v in zip(ps, values, strict=True)}
+                if bar is not None:
+                    bar.update(len(ps))
     finally:
         if bar is not None:
             bar.close()
-    result = summarize(judged, rubrics, gt=gt, threshold=settings.threshold)
+    return out
+
+
+async def evaluate(
+    judge: JudgeEngine, rubrics: Mapping[str, UserRubric], methods: Mapping[str, Sequence[Sample]], *,
+    settings: RubricSettings, options: ParlOptions,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """Every column of the table as the JSON document (before it is written), and per-sample records."""
+    total = sum(len(s) for s in methods.values())
+    costs: dict[str, Cost] = {"rubric judge (p_yes)": Cost("rubric judge (p_yes)", judge.model_id)}
+    bar = progress_bar(total, options.progress, unit="sample", desc="rubric judge")
+    try:
+        judged = {}
+        for name, s in methods.items():
+            with costs["rubric judge (p_yes)"].timing(len(s)):
+                judged[name] = await judge_samples(judge, rubrics, s, chunk=options.chunk,
+                                                   on_progress=bar.update if bar else None)  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+    holistic: dict[str, dict[Key, HolisticScore]] | None = None
+    judge_doc: dict[str, Any] = {"missing": "no --history given"}
+    if options.history is not None:
+        cost = costs["LLM-as-judge (1-5)"] = Cost("LLM-as-judge (1-5)", judge.model_id)
+        n = sum(1 for ss in methods.values() for s in ss if options.history.get(s.key[0]))
+        bar = progress_bar(n, options.progress, unit="sample", desc="LLM-as-judge")
+        holistic = {}
+        try:
+            for name, s in methods.items():
+                with cost.timing(0):
+                    holistic[name] = await judge_holistic(
+                        judge, rubrics, options.history, s, chunk=options.chunk,
+                        history_limit=settings.history_limit, max_new_tokens=options.judge_max_new_tokens,
+                        on_progress=bar.update if bar else None,
+                    )  # fmt: skip
+                cost.items += len(holistic[name])
+        finally:
+            if bar is not None:
+                bar.close()
+        judge_doc = {"model": judge.model_id, "template_version": HOLISTIC_TEMPLATE_VERSION}
+    classic = None
+    classic_doc: dict[str, Any] = {}
+    if options.classic is not None:
+        scorer = ClassicMetrics(options.classic)
+        for m in scorer.names:
+            costs[m] = Cost(m, scorer.engine(m))
+        classic = score_classic(scorer, methods, gt=options.gt, costs=costs, progress=options.progress)
+        classic_doc = scorer.describe()
+    result = summarize(judged, rubrics, gt=options.gt, threshold=settings.threshold,
+                       holistic=holistic, classic=classic)  # fmt: skip
+    result["llm_judge"] = judge_doc
+    result["classic"] = classic_doc
     result["judge_model"] = judge.model_id
-    result["template_versions"] = template_versions(settings)
-    return result
+    result["template_versions"] = template_versions(settings) | {"rubric.holistic": HOLISTIC_TEMPLATE_VERSION}
+    result["cost"] = [c.to_dict() for c in costs.values()]
+    return result, sample_records(judged, holistic, classic)
 
 
-def _json_safe(x: Any) -> Any:
-    """NaN (no sample to score) becomes null: strict JSON."""
-    if isinstance(x, float) and x != x:
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    return x
+def sample_records(
+    judged: Mapping[str, Mapping[Key, Sequence[float]]],
+    holistic: Mapping[str, Mapping[Key, HolisticScore]] | None,
+    classic: Mapping[str, Mapping[str, Mapping[Key, float]]] | None,
+) -> list[dict[str, Any]]:
+    """One record per (method, sample): rule p_yes, the LLM judge's answer, classic scores."""
+    out: list[dict[str, Any]] = []
+    for name, table in judged.items():
+        for key, p in table.items():
+            rec: dict[str, Any] = {"method": name, "user_id": key[0], "sample_id": key[1], "p_yes": list(p)}
+            h = (holistic or {}).get(name, {}).get(key)
+            if h is not None:
+                rec["llm_judge"] = {"score": h.score, "status": h.status, "answer": h.answer}
+            scores = {m: v[key] for m, v in (classic or {}).get(name, {}).items() if key in v}
+            if scores:
+                rec["classic"] = scores
+            out.append(rec)
+    return out
 
 
-def run_parl_eval(args: argparse.Namespace) -> int:
+def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | None = None) -> int:
     """Entry point of ``reward-server eval parl``; returns the exit code."""
     from reward_server.config import load_config
     from reward_server.serving import start_engines
 
-    cfg = load_config(args.config, overrides=args.overrides)
+    cfg = load_config(args.config, overrides=overrides(args))
     try:
         rubrics = read_rubrics(args.rubrics)
+        methods = read_methods(args.predictions, args.gt)
+        history = read_history(args.history) if args.history and not args.no_llm_judge else None
+        options = ParlOptions(
+            gt=args.gt, chunk=args.chunk, progress=not args.no_progress, history=history,
+            judge_max_new_tokens=args.judge_max_new_tokens, classic=classic_settings(args),
+        )  # fmt: skip
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    engines = start_engines(cfg.engines, cfg.serving, require=("judge",))
+    engines = start_engines(cfg.engines, cfg.serving, require=("judge",), judge_factory=judge_factory)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         try:
-            return await evaluate(
-                engines.judge, rubrics, args.predictions, gt=args.gt, settings=cfg.rubric,
-                chunk=args.chunk, progress=not args.no_progress,
-            )  # fmt: skip
+            return await evaluate(engines.judge, rubrics, methods, settings=cfg.rubric, options=options)
         finally:
             await engines.close()
 
     try:
-        result = asyncio.run(go())
-    except (OSError, ValueError) as e:
+        result, records = asyncio.run(go())
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.no_llm_judge:
+        result["llm_judge"] = {"missing": "--no-llm-judge"}
     args.out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_json_safe(result), indent=2, allow_nan=False)
-    (args.out / "parl_eval.json").write_text(text + "\n", encoding="utf-8")
-    if not args.no_plot:
-        plot(result, args.gt, args.out / "parl_eval.png")
-    print(format_table(result, args.gt))
+    doc = write_json(args.out / "parl_eval.json", result)
+    with (args.out / "parl_samples.jsonl").open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    written = [args.out / "parl_eval.json", args.out / "parl_samples.jsonl"]
+    if not args.no_plot and plot(doc, args.out / "parl_eval.png"):
+        written.append(args.out / "parl_eval.png")
+    print(format_table(doc))
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -4,7 +4,7 @@
 ``S_a`` the same with the preference (templates from :class:`NLISettings`); an empty response,
 answer or preference scores 0 without an engine call. Every NLI query of a call (both constraints,
 every item, every ablation) goes to the engine in one batched pass; only
-``evidence_mode="cumulative"`` needs more passes (one per premise sentence).
+``evidence_mode="cumulative"`` needs more passes (one per sentence position).
 """
 
 from __future__ import annotations
@@ -100,19 +100,19 @@ async def _verify_many(
     batch = QueryBatch(nli, settings)
     sides = [_sides(settings, it) for it in items]
     plans: list[tuple[EvidencePlan, EvidencePlan]] = []
+    cumulative = settings.evidence_mode == "cumulative"
     for p, hc, ha in sides:
         batch.add(p, hc)
         batch.add(p, ha)
         if evidence:
             pair = (
-                EvidencePlan("correct", p, hc, settings.threshold),
-                EvidencePlan("aligned", p, ha, settings.threshold),
+                EvidencePlan("correct", p, hc, settings.threshold, cumulative=cumulative),
+                EvidencePlan("aligned", p, ha, settings.threshold, cumulative=cumulative),
             )
             plans.append(pair)
             for pl in pair:
                 batch.add_all(pl.queries())
     await batch.run()
-    cumulative = settings.evidence_mode == "cumulative"
     if evidence and cumulative:
         await run_cumulative([pl for pair in plans for pl in pair], batch)
     out: list[tuple[Verification, bool]] = []
@@ -120,7 +120,7 @@ async def _verify_many(
         qc, qa = batch.get(p, hc), batch.get(p, ha)
         ev: tuple[ConstraintEvidence, ...] = ()
         if evidence:
-            ev = tuple(pl.read(batch, cumulative=cumulative) for pl in plans[k])
+            ev = tuple(pl.read(batch) for pl in plans[k])
         v = Verification(
             s_correct=qc.score,
             s_aligned=qa.score,

@@ -28,12 +28,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
 from reward_server.rpc.health import HealthMonitor, Probe
+from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings
 from reward_server.service import RewardService
@@ -179,14 +179,18 @@ def create_server(
     server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if s.reflection:
-        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        enable_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
     address = f"{s.host}:{s.port}"
     creds = _credentials(s)
-    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind to address"
+        port = 0
     if port == 0:
-        raise ConfigError(f"could not bind {address}; is the port in use?")
+        raise ConfigError(
+            f"cannot bind {address}: the port is in use or the address is not this machine's; "
+            "choose another with --port / server.port (0 picks a free one) or --host / server.host"
+        )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
     return RewardGrpcServer(server, monitor, servicer, service, s), port

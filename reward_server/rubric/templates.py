@@ -77,7 +77,7 @@ Answer with a bare JSON array and nothing else, in this exact form:
 
 HISTORY_ITEM = "### Item {i}\n{context_label}: {context}\n{text_label}: {text}"
 
-_WRITING_ONE = {
+WRITING_ONE = {
     Task.GENERIC: "text",
     Task.AMAZON: "product review",
     Task.NEWS: "news headline",
@@ -96,7 +96,7 @@ def template_versions(settings: RubricSettings) -> dict[str, str]:
 def judge_prompt(context: str, text: str, rule: str, task: Task) -> JudgePrompt:
     """The yes/no question 'does ``text`` (written for ``context``) satisfy ``rule``?'."""
     labels = TASK_LABELS[task]
-    system = JUDGE_SYSTEM.format(writing_one=_WRITING_ONE[task], text_lower=labels.text.lower())
+    system = JUDGE_SYSTEM.format(writing_one=WRITING_ONE[task], text_lower=labels.text.lower())
     prefix = JUDGE_PREFIX.format(
         context_label=labels.context,
         context=context.strip() or "(none)",
@@ -111,6 +111,21 @@ def judge_prompts(context: str, text: str, rules: Sequence[str], task: Task) -> 
     return [judge_prompt(context, text, r, task) for r in rules]
 
 
+def render_history(history: Sequence[HistoryItem], task: Task) -> str:
+    """The user's history as ``### Item i`` blocks (the generator's and the holistic judge's)."""
+    labels = TASK_LABELS[task]
+    return "\n\n".join(
+        HISTORY_ITEM.format(
+            i=i + 1,
+            context_label=labels.context,
+            context=h.context.strip() or "(none)",
+            text_label=labels.text,
+            text=h.text.strip(),
+        )
+        for i, h in enumerate(history)
+    )
+
+
 def generator_request(
     history: Sequence[HistoryItem],
     task: Task,
@@ -121,16 +136,7 @@ def generator_request(
 ) -> GenerationRequest:
     """The rubric generator's prompt over the user's raw history (docs/parl.md §1)."""
     labels = TASK_LABELS[task]
-    items = "\n\n".join(
-        HISTORY_ITEM.format(
-            i=i + 1,
-            context_label=labels.context,
-            context=h.context.strip() or "(none)",
-            text_label=labels.text,
-            text=h.text.strip(),
-        )
-        for i, h in enumerate(history)
-    )
+    items = render_history(history, task)
     user = GENERATOR_USER.format(
         n=len(history),
         writing=labels.writing,

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from reward_server import metrics
+from reward_server import metrics, tracing
 from reward_server.backends.base import (
     GenerationRequest,
     Health,
@@ -126,7 +126,8 @@ class Batcher(Generic[Q, R]):
         self.stats.record(n)
         metrics.observe_batch(self._name, n)
         try:
-            results = await self._fn(batch.items)
+            with tracing.span(f"engine.{self._name}", items=n):
+                results = await self._fn(batch.items)
             if len(results) != n:
                 raise EngineError(
                     f"{self._name} engine returned {len(results)} results for {n} inputs"

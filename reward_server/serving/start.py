@@ -59,7 +59,8 @@ def start_engines(
     if engines.fake:
         logger.warning(
             "FAKE ENGINES (judge=%s, nli=%s): deterministic stand-ins, rewards do not come from "
-            "a model", engines.judge and engines.judge.kind, engines.nli and engines.nli.kind,
+            "a model (Info reports fake_engines=true)",
+            engines.judge and engines.judge.kind, engines.nli and engines.nli.kind,
         )
     if serving.mode == "ray":
         if engines.judge is None or engines.nli is None:

@@ -31,7 +31,7 @@ async def test_vllm_matches_transformers() -> None:
     try:
         got = await judge.p_yes(prompts)
         assert all(0.0 <= p <= 1.0 for p in got)
-        assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 2e-2
+        assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 1e-3  # exact method: fp32 numerics only
         (text,) = await judge.generate([GenerationRequest(system="You help.", user="Name a fruit.", max_new_tokens=8)])
         assert text.strip()
     finally:

@@ -135,6 +135,31 @@ async def test_reflection_lists_the_service(fake_server) -> None:
     assert "grpc.health.v1.Health" in names
 
 
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+async def test_reflection_serves_both_versions_with_the_protos_comments(fake_server, version) -> None:
+    """What `grpcurl describe reward.v1.ScoreItem` reads: the file, with its field comments."""
+    from google.protobuf import descriptor_pb2
+
+    path = f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo"
+    async with grpc.aio.insecure_channel(fake_server.target) as ch:
+        call = ch.stream_stream(
+            path,
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )(iter([reflection_pb2.ServerReflectionRequest(list_services=""),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="reward.v1.ScoreItem")]))
+        replies = [r async for r in call]
+    names = [s.name for s in replies[0].list_services_response.service]
+    assert {"reward.v1.RewardService", f"grpc.reflection.{version}.ServerReflection"} <= set(names)
+    (raw,) = replies[1].file_descriptor_response.file_descriptor_proto
+    file = descriptor_pb2.FileDescriptorProto.FromString(raw)
+    assert file.name == "reward/v1/reward.proto"
+    message = [m.name for m in file.message_type].index("ScoreItem")
+    field_id = [f.name for f in file.message_type[message].field].index("id")
+    comments = {tuple(loc.path): loc.leading_comments for loc in file.source_code_info.location}
+    assert "unique within the request" in comments[(4, message, 2, field_id)]  # message 4, field 2
+
+
 async def test_raw_stub_and_health(fake_server) -> None:
     async with grpc.aio.insecure_channel(fake_server.target) as ch:
         reply = await pb_grpc.RewardServiceStub(ch).Info(pb.InfoRequest())

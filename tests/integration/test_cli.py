@@ -81,7 +81,8 @@ def test_check_config(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("server:\n  prot: 6000\n")
     out = run_cli("check-config", "--config", str(bad))
-    assert out.returncode == 2 and "server.prot" in out.stderr
+    assert out.returncode == 2 and "server.prot" in out.stderr and f"{bad}:2" in out.stderr
+    assert "did you mean server.port?" in out.stderr
 
 
 def test_serve_without_an_engine_refuses_fast_with_the_choices() -> None:
@@ -100,6 +101,55 @@ def test_fake_serve_says_so_loudly(served) -> None:
     _, target = served
     info = json.loads(run_cli("info", "--target", target).stdout)
     assert info["fake_engines"] is True and info["settings"]["engines.fake"] == "true"
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_user_errors_are_one_line_and_debug_shows_the_traceback(served, tmp_path) -> None:
+    _, target = served
+    out = run_cli("score", "--target", target, "--input", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 2
+    assert "missing.jsonl: No such file or directory" in _one_line(out.stderr)
+    out = run_cli("score", "--debug", "--target", target, "--input", str(tmp_path / "missing.jsonl"))
+    assert out.returncode != 0 and "Traceback" in out.stderr
+    port = target.rsplit(":", 1)[1]
+    out = run_cli("serve", "--fake", "--port", port)
+    assert out.returncode == 2 and f"cannot bind 127.0.0.1:{port}" in _one_line(out.stderr)
+    out = run_cli("health", "--target", "127.0.0.1:1", "--timeout", "1")
+    assert out.returncode == 1 and "is the server running at 127.0.0.1:1" in _one_line(out.stderr)
+
+
+def test_score_output_is_written_whole_or_not_at_all(served, tmp_path) -> None:
+    _, target = served
+    good = '{"id": "a", "nli_constraints": {"response": "r", "answer": "a", "preference": "p"}}\n'
+    bad = '{"id": "b", "nli_constraints": {"response": "r", "answer": "", "preference": "p"}}\n'
+    src = tmp_path / "items.jsonl"
+    src.write_text(good + bad)
+    dest = tmp_path / "out" / "results.jsonl"
+    out = run_cli("score", "--target", target, "--input", str(src), "--output", str(dest),
+                  "--batch-size", "1")
+    assert out.returncode == 1 and not dest.exists()  # the first chunk succeeded, still nothing
+    assert not list(dest.parent.iterdir())  # and no partial file left behind
+    src.write_text("".join(good.replace('"a"', f'"a{i}"', 1) for i in range(3)))
+    assert run_cli("score", "--target", target, "--input", str(src), "--output", str(dest),
+                   "--batch-size", "2").returncode == 0
+    assert len(dest.read_text().splitlines()) == 3
+
+
+def test_help_shows_defaults() -> None:
+    out = run_cli("score", "--help")
+    assert "(default: 64)" in out.stdout and "(default: 127.0.0.1:50051)" in out.stdout
+    assert "(default: None)" not in out.stdout
+
+
+def test_config_errors_from_set_suggest_the_key() -> None:
+    out = run_cli("check-config", "--set", "nli.model=x")
+    assert out.returncode == 2
+    assert "nli.model (from --set nli.model=x): unknown key; did you mean engines.nli.model?" in out.stderr
 
 
 def test_sigterm_drains_and_exits_cleanly(served) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import time
 
 import grpc
@@ -112,6 +113,19 @@ async def test_a_large_request_does_not_stall_the_loop() -> None:
     raw = encoded(rubric_items(1024, 32)).SerializeToString()
     lags: list[float] = []
     health: list[float] = []
+    # as `reward-server serve` does after start-up: the test process's own heap (every module
+    # the suite imported) would otherwise make one full GC pass longer than the bound
+    gc.collect()
+    gc.freeze()
+    try:
+        await _run_large_request(raw, lags, health)
+    finally:
+        gc.unfreeze()
+    assert max(lags) < 0.5, f"the event loop stalled {max(lags):.3f}s"
+    assert max(health) < 0.5, f"a health check took {max(health):.3f}s"
+
+
+async def _run_large_request(raw: bytes, lags: list[float], health: list[float]) -> None:
     async with running_server() as r:
         async with grpc.aio.insecure_channel(r.target) as ch, r.client() as probe:
             call = ch.unary_unary(SCORE)  # bytes in, bytes out: no client work in the loop
@@ -136,8 +150,6 @@ async def test_a_large_request_does_not_stall_the_loop() -> None:
             await asyncio.gather(*tasks)
     assert len(reply.results) == 1024
     assert len(health) >= 3
-    assert max(lags) < 0.5, f"the event loop stalled {max(lags):.3f}s"
-    assert max(health) < 0.5, f"a health check took {max(health):.3f}s"
 
 
 async def test_drain_under_load_loses_no_accepted_call() -> None:

@@ -112,3 +112,35 @@ def test_ray_knobs_are_refused_in_process_mode() -> None:
 def test_no_engine_by_default() -> None:
     c = load_config(env={})
     assert c.engines.judge is None and c.engines.nli is None and not c.engines.fake
+
+
+def test_errors_name_the_source_show_the_value_and_suggest_the_key(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("server:\n  port: 1\n  prot: 3\nnli:\n  model: x\nengines:\n  judge:\n"
+                 "    kind: transformers\n    model: m\n    forward_batch: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, env={"REWARD_SERVER__SERVER__MAX_MESSAGE_BYTES": "lots"})
+    text = str(e.value)
+    assert f"server.prot (from {f}:3): unknown key; did you mean server.port?" in text
+    assert f"nli.model (from {f}:5): unknown key; did you mean engines.nli.model?" in text
+    assert "engines.judge.forward_batch" in text and "did you mean engines.judge.forward_batch_size?" in text
+    assert ("server.max_message_bytes (from environment REWARD_SERVER__SERVER__MAX_MESSAGE_BYTES): "
+            "input should be a valid integer") in text and "(got 'lots')" in text
+
+
+def test_a_field_of_another_kind_says_which_kind_owns_it() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=["engines.judge={kind: transformers, model: m, base_url: x}"], env={})
+    assert "not a field of kind 'transformers' (it belongs to kind openai)" in str(e.value)
+    assert "--set engines.judge={kind: transformers" in str(e.value)
+
+
+def test_a_later_layer_owns_the_keys_it_replaced(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("server:\n  port: 7\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, overrides=["server.port=-1"], env={})
+    assert "server.port (from --set server.port=-1)" in str(e.value) and "(got -1)" in str(e.value)
+    with pytest.raises(ConfigError, match="field required") as e:
+        load_config(overrides=["engines.judge.kind=transformers"], env={})
+    assert "engines.judge.model (from --set engines.judge.kind=transformers)" in str(e.value)

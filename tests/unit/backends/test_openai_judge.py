@@ -1,9 +1,16 @@
 """OpenAIJudge against a small OpenAI-compatible HTTP server started in the test (127.0.0.1:0).
 
-The server's "model": the first position's log-probs are yes -0.2, Yes -2.0, no -1.5 when the
-user message contains "alpha"; otherwise only "no" (-0.1) and "No" (-2.5) appear in the top
-list and "yes" is available only when sampling is restricted with ``allowed_token_ids``
-(then the sampled token is the allowed one, log-prob -4.0).
+The server's "model" has a full next-token table per prompt (answer variants ``yes``=1,
+``Yes``=2, `` yes``=3, ``no``=4, ``No``=5, `` no``=6 and twenty filler tokens at -3.0, -3.1, ... -4.9),
+so the exact p_yes is known. It answers greedily and behaves like one of four servers
+(``State.mode``):
+
+* ``vllm``: vLLM 0.32, honours ``logprob_token_ids``, ``allowed_token_ids`` (raw log-probs) and
+  ``return_tokens_as_token_ids``;
+* ``old-vllm``: ignores ``logprob_token_ids`` (natural top list), honours the other two;
+* ``processed``: like ``old-vllm`` but reports log-probs renormalized over the allowed tokens
+  (vLLM's ``--logprobs-mode processed_logprobs``);
+* ``openai``: none of the extensions, tokens as text, at most 20 top log-probs.
 """
 
 from __future__ import annotations
@@ -17,27 +24,70 @@ from typing import Any, ClassVar
 
 import pytest
 
-from reward_server.backends.base import GenerationRequest
+from reward_server.backends.base import GenerationRequest, JudgePrompt
 from reward_server.backends.openai_judge import OpenAIJudge
 from reward_server.domain import Task
 from reward_server.errors import BackendUnavailable
 from reward_server.rubric.templates import judge_prompt
 
 VOCAB = {"yes": 1, "Yes": 2, " yes": 3, "no": 4, "No": 5, " no": 6}
-NAMES = {v: k for k, v in VOCAB.items()}
+NAMES = {v: k for k, v in VOCAB.items()} | {100 + k: f"filler{k}" for k in range(20)}
+FILLERS = {100 + k: -3.0 - 0.1 * k for k in range(20)}
+TABLES = {
+    # yes and no listed, " yes", "No" and " no" below every filler (outside the top 20)
+    "alpha": {1: -0.2, 2: -2.0, 3: -9.0, 4: -1.5, 5: -8.0, 6: -9.5} | FILLERS,
+    # no side listed, the whole yes side outside the top 20
+    "beta": {4: -0.1, 5: -2.5, 1: -7.0, 2: -8.0, 3: -9.0, 6: -10.0} | FILLERS,
+}
+
+
+def exact(name: str) -> float:
+    t = TABLES[name]
+    y, n = (sum(math.exp(t[i]) for i in ids) for ids in ((1, 2, 3), (4, 5, 6)))
+    return y / (y + n)
 
 
 class State:
+    mode = "vllm"
     fail_next = 0  # answer 503 this many times first
     requests: ClassVar[list[dict[str, Any]]] = []
-    forced_returns_nothing = False
 
 
-def _top(entries: list[tuple[str, float]]) -> dict[str, Any]:
-    tok, lp = entries[0]
-    content = [{"token": tok, "logprob": lp, "top_logprobs": [{"token": t, "logprob": p} for t, p in entries]}]
+def _tok(tid: int, as_ids: bool) -> str:
+    return f"token_id:{tid}" if as_ids else NAMES[tid]
+
+
+def _answer(body: dict[str, Any]) -> dict[str, Any]:
+    user = body["messages"][-1]["content"]
+    table = TABLES["alpha" if "alpha" in user else "beta"]
+    mode = State.mode
+    ext = mode != "openai"
+    as_ids = ext and bool(body.get("return_tokens_as_token_ids"))
+    allowed = body.get("allowed_token_ids") if ext else None
+    pool = {t: lp for t, lp in table.items() if not allowed or t in allowed}
+    sampled = max(pool, key=lambda t: pool[t])
+    lp_of = dict(table)
+    if mode == "processed" and allowed:  # renormalized over the allowed tokens
+        norm = math.log(sum(math.exp(v) for v in pool.values()))
+        lp_of = {t: v - norm for t, v in pool.items()}
+    ids = body.get("logprob_token_ids") if mode == "vllm" else None
+    k = min(int(body.get("top_logprobs") or 0), 20)
+    listed = list(ids) if ids else sorted(table, key=lambda t: -table[t])[:k]
+    top = [{"token": _tok(t, as_ids), "logprob": lp_of[t]} for t in listed]
+    content = [{"token": _tok(sampled, as_ids), "logprob": lp_of[sampled], "top_logprobs": top}]
     return {
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": tok}, "logprobs": {"content": content}}]
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body["model"],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {"role": "assistant", "content": NAMES[sampled]},
+                "logprobs": {"content": content},
+            }
+        ],
     }
 
 
@@ -45,40 +95,40 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         return None
 
-    def _send(self, code: int, body: dict[str, Any]) -> None:
+    def _send(self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "t"}]})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        State.requests.append(body)
         if self.path != "/v1/chat/completions":
-            self._send(404, {"error": "not found"})
+            self._send(404, {"error": {"message": "not found"}})
             return
+        State.requests.append(body)
         if State.fail_next > 0:
             State.fail_next -= 1
-            self._send(503, {"error": "busy"})
+            self._send(503, {"error": {"message": "busy"}}, {"retry-after-ms": "1"})
             return
         if body.get("max_tokens", 0) > 1:  # generation
             user = body["messages"][-1]["content"]
-            self._send(200, {"choices": [{"message": {"content": f"echo seed={body.get('seed')} {user[:10]}"}}]})
+            text = f"echo seed={body.get('seed')} {user[:10]}"
+            self._send(200, {"id": "g", "object": "chat.completion", "created": 0, "model": body["model"],
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": text}}]})
             return
-        allowed = body.get("allowed_token_ids")
-        if allowed:
-            if State.forced_returns_nothing:
-                self._send(200, _top([("maybe", -0.1)]))
-            else:
-                self._send(200, _top([(NAMES[allowed[0]], -4.0)]))
-            return
-        user = body["messages"][-1]["content"]
-        if "alpha" in user:
-            self._send(200, _top([("yes", -0.2), ("Yes", -2.0), ("no", -1.5), ("maybe", -3.0)]))
-        else:
-            self._send(200, _top([("no", -0.1), ("No", -2.5), ("maybe", -3.0)]))
+        self._send(200, _answer(body))
 
 
 @pytest.fixture(scope="module")
@@ -91,72 +141,123 @@ def base_url() -> Iterator[str]:
     server.server_close()
 
 
-def sig(x: float) -> float:
-    return 1 / (1 + math.exp(-x))
-
-
-async def test_p_yes_exact_and_forced_missing_side(base_url: str) -> None:
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    State.mode, State.fail_next = "vllm", 0
     State.requests.clear()
-    judge = OpenAIJudge(base_url, "m", yes_token_ids=[1, 2, 3], no_token_ids=[4, 5, 6], max_concurrency=2)
-    prompts = [
-        judge_prompt("c", "alpha beta", "Uses alpha.", Task.GENERIC),
-        judge_prompt("c", "beta", "x", Task.GENERIC),
-    ]
-    p = await judge.p_yes(prompts)
-    l_yes = math.log(math.exp(-0.2) + math.exp(-2.0))
-    assert p[0] == pytest.approx(sig(l_yes - (-1.5)))
-    l_no = math.log(math.exp(-0.1) + math.exp(-2.5))
-    assert p[1] == pytest.approx(sig(-4.0 - l_no))  # yes forced: its own log-prob, no constant
-    forced = [r for r in State.requests if r.get("allowed_token_ids")]
-    assert [r["allowed_token_ids"] for r in forced] == [[1, 2, 3]]
-    # Requests run concurrently: find the first prompt's by its content.
-    sent = [r for r in State.requests if r["messages"][1]["content"] == prompts[0].prefix + prompts[0].suffix]
-    assert len(sent) == 1
-    first = sent[0]
-    assert first["messages"][0]["content"] == prompts[0].system
-    assert first["max_tokens"] == 1 and first["logprobs"] is True and first["top_logprobs"] == 20
+    yield
+    State.mode, State.fail_next = "vllm", 0
+
+
+PROMPTS = [
+    judge_prompt("c", "alpha beta", "Uses alpha.", Task.GENERIC),
+    judge_prompt("c", "beta", "x", Task.GENERIC),
+]
+EXACT = [exact("alpha"), exact("beta")]
+
+
+def _judge(base_url: str, **kw: Any) -> OpenAIJudge:
+    kw.setdefault("answer_tokens", VOCAB)
+    return OpenAIJudge(base_url, "m", max_concurrency=4, **kw)
+
+
+def _sent(prompt: JudgePrompt) -> list[dict[str, Any]]:
+    return [r for r in State.requests if r["messages"][1]["content"] == prompt.prefix + prompt.suffix]
+
+
+async def test_vllm_logprob_token_ids_exact_in_one_request(base_url: str) -> None:
+    judge = _judge(base_url)
+    p = await judge.p_yes(PROMPTS)
+    assert p == pytest.approx(EXACT, abs=1e-12)
+    assert len(State.requests) == 2  # one per judgment, whatever the variants' ranks
+    (first,) = _sent(PROMPTS[0])
+    assert first["messages"][0]["content"] == PROMPTS[0].system
+    assert first["max_tokens"] == 1 and first["temperature"] == 0.0 and first["logprobs"] is True
+    assert first["top_logprobs"] == 20 and first["logprob_token_ids"] == [1, 2, 3, 4, 5, 6]
+    assert first["return_tokens_as_token_ids"] is True and "allowed_token_ids" not in first
     await judge.close()
 
 
-async def test_missing_side_without_ids_raises(base_url: str) -> None:
-    judge = OpenAIJudge(base_url, "m")
-    with pytest.raises(BackendUnavailable, match="no logprob for 'yes'"):
-        await judge.p_yes([judge_prompt("c", "beta", "x", Task.GENERIC)])
-    State.forced_returns_nothing = True
-    try:
-        judge2 = OpenAIJudge(base_url, "m", yes_token_ids=[1], no_token_ids=[4])
-        with pytest.raises(BackendUnavailable, match="even when restricted"):
-            await judge2.p_yes([judge_prompt("c", "beta", "x", Task.GENERIC)])
-    finally:
-        State.forced_returns_nothing = False
+async def test_older_vllm_forces_each_missing_variant(base_url: str) -> None:
+    State.mode = "old-vllm"
+    judge = _judge(base_url)
+    p = await judge.p_yes(PROMPTS)
+    # exact; the old single forced request over all yes ids read only "yes": 0.000923 for 0.001387
+    assert p == pytest.approx(EXACT, abs=1e-12)
+    forced = sorted(r["allowed_token_ids"][0] for r in _sent(PROMPTS[1]) if "allowed_token_ids" in r)
+    assert forced == [1, 2, 3, 6]  # every variant outside the top 20, each on its own
+    assert sorted(r["allowed_token_ids"][0] for r in _sent(PROMPTS[0]) if "allowed_token_ids" in r) == [3, 5, 6]
     await judge.close()
 
 
-async def test_retries_then_gives_up(base_url: str) -> None:
-    judge = OpenAIJudge(base_url, "m", max_retries=2, backoff_s=0.0)
+async def test_processed_logprobs_are_refused(base_url: str) -> None:
+    State.mode = "processed"
+    judge = _judge(base_url)
+    with pytest.raises(BackendUnavailable, match="raw_logprobs"):
+        await judge.p_yes(PROMPTS[:1])
+    await judge.close()
+
+
+async def test_plain_openai_api_is_bounded(base_url: str) -> None:
+    State.mode = "openai"
+    strict = _judge(base_url, vllm_extensions=False)
+    with pytest.raises(BackendUnavailable, match=r"only known to lie in \[0\.79"):
+        await strict.p_yes(PROMPTS[:1])
+    assert all("logprob_token_ids" not in r and "allowed_token_ids" not in r for r in State.requests)
+    # alpha: " yes", "No", " no" unknown, each at most e^-4.6 (the 17th filler, the last listed)
+    cap = math.exp(-4.6)
+    y, n = math.exp(-0.2) + math.exp(-2.0), math.exp(-1.5)
+    lo, hi = y / (y + n + 2 * cap), (y + cap) / (y + cap + n)
+    loose = _judge(base_url, vllm_extensions=False, max_p_error=(hi - lo) / 2 + 1e-9)
+    (p,) = await loose.p_yes(PROMPTS[:1])
+    assert p == pytest.approx((lo + hi) / 2, abs=1e-12) and lo <= EXACT[0] <= hi
+    # beta: no yes variant listed at all -> [0, 0.0107...]: refused unless max_p_error allows it
+    with pytest.raises(BackendUnavailable, match=r"0 yes and 2 no"):
+        await loose.p_yes(PROMPTS[1:])
+    await strict.close()
+    await loose.close()
+
+
+async def test_without_token_ids_spellings_are_matched(base_url: str) -> None:
+    State.mode = "openai"
+    judge = OpenAIJudge(base_url, "m", answer_tokens=None, max_p_error=0.5)
+    (p,) = await judge.p_yes(PROMPTS[:1])
+    # yes, Yes, no listed by spelling; the other 5 spellings unknown, each <= e^-4.6
+    cap = math.exp(-4.6)
+    y, n = math.exp(-0.2) + math.exp(-2.0), math.exp(-1.5)
+    lo, hi = y / (y + n + 3 * cap), (y + 2 * cap) / (y + 2 * cap + n)
+    assert p == pytest.approx((lo + hi) / 2, abs=1e-12)
+    assert all("logprob_token_ids" not in r for r in State.requests)  # no ids to ask for
+    await judge.close()
+
+
+async def test_sdk_retries_then_gives_up(base_url: str) -> None:
+    judge = _judge(base_url, max_retries=2)
     State.fail_next = 2
-    p = await judge.p_yes([judge_prompt("c", "alpha", "r", Task.GENERIC)])
-    assert 0.5 < p[0] < 1.0
+    assert (await judge.p_yes(PROMPTS[:1])) == pytest.approx(EXACT[:1], abs=1e-12)
+    assert len(State.requests) == 3
     State.fail_next = 3
     with pytest.raises(BackendUnavailable, match="after 3 attempts: HTTP 503"):
-        await judge.p_yes([judge_prompt("c", "alpha", "r", Task.GENERIC)])
-    State.fail_next = 0
+        await judge.p_yes(PROMPTS[:1])
     await judge.close()
 
 
 async def test_unreachable_and_refused(base_url: str) -> None:
-    dead = OpenAIJudge("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.0, timeout_s=2.0)
-    with pytest.raises(BackendUnavailable, match="failed after 2 attempts"):
-        await dead.p_yes([judge_prompt("c", "alpha", "r", Task.GENERIC)])
+    dead = OpenAIJudge("http://127.0.0.1:9/v1", "m", max_retries=1, timeout_s=2.0)
+    with pytest.raises(BackendUnavailable, match="failed after 2 attempts: APIConnectionError"):
+        await dead.p_yes(PROMPTS[:1])
+    health = await dead.health()
+    assert not health.ok and "unreachable" in health.detail
     await dead.close()
-    wrong = OpenAIJudge(base_url.replace("/v1", "/v2"), "m")
-    with pytest.raises(BackendUnavailable, match="HTTP 404"):
-        await wrong.p_yes([judge_prompt("c", "alpha", "r", Task.GENERIC)])
+    wrong = OpenAIJudge(base_url.replace("/v1", "/v2"), "m", answer_tokens=VOCAB)
+    with pytest.raises(BackendUnavailable, match="refused the request: HTTP 404"):
+        await wrong.p_yes(PROMPTS[:1])
     await wrong.close()
 
 
-async def test_generate(base_url: str) -> None:
-    judge = OpenAIJudge(base_url, "m")
+async def test_generate_and_health(base_url: str) -> None:
+    judge = _judge(base_url)
     out = await judge.generate([GenerationRequest(system="s", user="hello world", seed=7)])
     assert out == ["echo seed=7 hello worl"]
+    assert (await judge.health()).ok
     await judge.close()

@@ -1,4 +1,4 @@
-"""vLLM judge request building and log-prob folding (pure functions; vLLM not needed)."""
+"""vLLM judge request building (pure functions; vLLM not needed). The real engine: tests/vllm."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from reward_server.errors import ModelLoadError
 
 
 def test_judge_sampling_kwargs() -> None:
-    kw = judge_sampling_kwargs(top_logprobs=20)
-    assert kw == {"max_tokens": 1, "temperature": 0.0, "logprobs": 20, "detokenize": False}
-    forced = judge_sampling_kwargs(top_logprobs=5, allowed_token_ids=(7, 9))
-    assert forced["allowed_token_ids"] == [7, 9] and forced["max_tokens"] == 1
+    # the log-probs of exactly the variant ids, greedy, one token: no top-k, no forcing
+    kw = judge_sampling_kwargs((7, 9, 11))
+    assert kw == {"max_tokens": 1, "temperature": 0.0, "logprob_token_ids": [7, 9, 11], "detokenize": False}
 
 
 def test_generation_kwargs_seed() -> None:

@@ -6,15 +6,18 @@ import math
 
 import pytest
 
-from reward_server.backends.yes_no import answer_token_ids, fold_by_ids, fold_by_text, p_yes, variants
+from reward_server.backends.yes_no import (
+    answer_spellings,
+    answer_token_ids,
+    fold_by_ids,
+    p_yes,
+    p_yes_bounds,
+    p_yes_exact,
+    side_of,
+    variants,
+)
 from reward_server.errors import ModelLoadError
 from reward_server.numerics import logsumexp, sigmoid
-
-
-def test_fold_by_text() -> None:
-    l_yes, l_no = fold_by_text([(" Yes", math.log(0.2)), ("yes", math.log(0.3)), ("NO", math.log(0.1))])
-    assert l_yes == pytest.approx(math.log(0.5)) and l_no == pytest.approx(math.log(0.1))
-    assert fold_by_text([("maybe", -1.0)]) == (None, None)
 
 
 def test_fold_by_ids_and_p() -> None:
@@ -52,3 +55,25 @@ def test_answer_token_ids_take_single_token_variants_only() -> None:
     assert answer_token_ids(tok, "no") == [5]
     with pytest.raises(ModelLoadError, match="single tokens"):
         answer_token_ids(_Tok({}), "yes")
+
+
+def test_p_yes_exact_needs_every_variant() -> None:
+    lps = {1: math.log(0.3), 2: math.log(0.1), 3: math.log(0.2)}
+    assert p_yes_exact(lps, [1, 2], [3]) == pytest.approx(0.4 / 0.6)
+    assert p_yes_exact(lps, [1, 2, 4], [3]) is None  # id 4 unknown: not exact
+
+
+def test_p_yes_bounds_contain_every_completion() -> None:
+    yes, no, cap = [math.log(0.3)], [math.log(0.2)], math.log(0.05)
+    lo, hi = p_yes_bounds(yes, no, missing_yes=1, missing_no=2, cap=cap)
+    assert lo == pytest.approx(0.3 / (0.3 + 0.2 + 0.1)) and hi == pytest.approx(0.35 / 0.55)
+    for extra_yes in (0.0, 0.01, 0.05):
+        for extra_no in (0.0, 0.03, 0.1):
+            assert lo - 1e-12 <= (0.3 + extra_yes) / (0.5 + extra_yes + extra_no) <= hi + 1e-12
+    assert p_yes_bounds(yes, no, missing_yes=0, missing_no=0, cap=cap) == pytest.approx((0.6, 0.6))
+
+
+def test_spellings_and_sides() -> None:
+    tok = _Tok({"yes": [1], "Yes": [2], " yes": [3], " Yes": [4, 5], "no": [6]})
+    assert answer_spellings(tok, "yes") == {"yes": 1, "Yes": 2, " yes": 3}
+    assert [side_of(s) for s in (" Yes", "NO", "maybe", "yes.")] == ["yes", "no", None, None]

@@ -86,3 +86,27 @@ async def test_cumulative_extra_pass_when_ablation_is_new() -> None:
     )
     assert v.evidence[0].critical_premise == (1,)
     assert list(nli.batch_sizes) == [4, 1, 1]
+
+
+async def test_redundant_hypothesis_algorithm1_vs_cumulative() -> None:
+    # Both answer sentences carry {paris, museums}: under Algorithm 1 the rest of the hypothesis
+    # still entails it whichever sentence is removed, so neither is critical. The released
+    # code's pruning (the hypothesis entails itself, f(H, H) > tau) keeps h0 removed once it is
+    # found redundant, so removing h1 next leaves nothing: h1 becomes critical.
+    args = {
+        "response": "Paris has museums. Rivers flow.",
+        "answer": "Paris museums. Museums in Paris.",
+        "preference": "rivers",
+    }
+    a1 = await verify(FakeNLI(), **args, evidence=True, settings=NLISettings())
+    nli_c = FakeNLI()
+    cu = await verify(nli_c, **args, evidence=True, settings=NLISettings(evidence_mode="cumulative"))
+    assert a1.evidence[0].critical_hypothesis == ()
+    assert cu.evidence[0].critical_hypothesis == (1,)
+    # the premise side agrees here: p0 carries the answer, p1 does not
+    assert a1.evidence[0].critical_premise == cu.evidence[0].critical_premise == (0,)
+    # one-sentence preference: critical in both modes, with no f(H, H) check
+    assert a1.evidence[1].critical_hypothesis == cu.evidence[1].critical_hypothesis == (0,)
+    # pass 1: Algorithm 1's queries and f(H, H); pass 2: premise step 0 was already scored,
+    # the hypothesis step 0 too (H - {h0}); position 1: P - {p1} known, H - {h0, h1} is empty.
+    assert len(nli_c.batch_sizes) == 1
