@@ -19,17 +19,35 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from reward_server.backends.settings import JudgeNLISettings
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
 from reward_server.rpc.server import RewardGrpcServer, create_server
-from reward_server.service import RewardService
+from reward_server.service import RewardService, admission_for
 from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
 
 logger = logging.getLogger(__name__)
 
 
+def engine_batch_items(config: RewardServerConfig) -> int:
+    """Items one full batch of every engine replica holds: the judge's and a separate NLI
+    engine's ``batching.max_items``, times their most replicas on Ray (judge-as-NLI sends its
+    pairs to the judge). Sizes the default admission limit."""
+    total = 0
+    for name in ("judge", "nli"):
+        engine = getattr(config.engines, name)
+        if engine is None or isinstance(engine, JudgeNLISettings):
+            continue
+        replicas = 1
+        if config.serving.mode == "ray":
+            replicas = getattr(config.serving.ray, name).max_replicas
+        total += engine.batching.max_items * replicas
+    return max(1, total)
+
+
 def build_service(config: RewardServerConfig, engines: Engines) -> RewardService:
-    """The orchestration layer over ``engines`` with the config's science and limits."""
+    """The orchestration layer over ``engines`` with the config's science, limits and
+    admission control (sized for the engines, see :func:`engine_batch_items`)."""
     return RewardService(
         judge=engines.judge,
         nli=engines.nli,
@@ -37,6 +55,9 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         rubric_settings=config.rubric,
         nli_settings=config.nli,
         fake_engines=config.engines.fake,
+        admission=admission_for(
+            config.service.admission, engine_batch_items=engine_batch_items(config)
+        ),
     )
 
 
@@ -85,7 +106,7 @@ async def start_app(
     )
     try:
         service = build_service(config, engines)
-        server, port = create_server(config.server, service)
+        server, port = create_server(config.server, service, health_probe=engines.health)
         if config.server.metrics_port is not None:
             from reward_server.metrics import start_metrics_server
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -55,6 +56,9 @@ async def _serve(config: RewardServerConfig) -> int:
     from reward_server.app import start_app
 
     app = await start_app(config)
+    # What start-up loaded (modules, models) lives as long as the process: keep it out of the
+    # cyclic GC's full collections, whose pauses would otherwise hold the event loop (health).
+    gc.freeze()
     app.server.install_signal_handlers()
     print(f"listening on {config.server.host}:{app.port}", flush=True)
     await app.wait_for_termination()

@@ -58,6 +58,15 @@ IN_FLIGHT = Gauge(
     "reward_server_engine_in_flight", "Calls to engine deployments waiting for an answer "
     "(this process's queue depth towards each deployment).", ("deployment",),
 )
+ADMITTED = Gauge(
+    "reward_server_admitted", "Work admitted now (service.admission): judgments (judge prompts "
+    "plus NLI pairs) and request bytes.", ("unit",),
+)
+REFUSED = Counter(
+    "reward_server_admission_refused_total", "Calls refused by admission control "
+    "(RESOURCE_EXHAUSTED), by the limit that was full and when (before_read: before the request "
+    "was read; after_parse: once its size was known).", ("limit", "stage"),
+)
 
 
 def observe_call(rpc: str, code: str, seconds: float) -> None:
@@ -85,6 +94,17 @@ def observe_engine_call(deployment: str, method: str, outcome: str, seconds: flo
         ENGINE_LATENCY.labels(deployment, method).observe(seconds)
 
 
+def set_admitted(judgments: int, nbytes: int) -> None:
+    """The work admission control holds now."""
+    ADMITTED.labels("judgments").set(judgments)
+    ADMITTED.labels("bytes").set(nbytes)
+
+
+def observe_refusal(limit: str, stage: str) -> None:
+    """One call refused at ``stage`` because the ``limit`` (judgments, bytes) was full."""
+    REFUSED.labels(limit, stage).inc()
+
+
 @contextmanager
 def track_in_flight(deployment: str) -> Iterator[None]:
     """Count a call towards ``deployment`` as in flight while the block runs."""
@@ -96,7 +116,7 @@ def track_in_flight(deployment: str) -> Iterator[None]:
         gauge.dec()
 
 
-def start_metrics_server(port: int, *, addr: str = "0.0.0.0") -> int:
+def start_metrics_server(port: int, *, addr: str = "127.0.0.1") -> int:
     """Serve ``/metrics`` (Prometheus text format) on ``addr:port`` from a daemon thread.
 
     ``port=0`` picks a free port. Returns the port bound.

@@ -1,52 +1,53 @@
-"""Orchestration: validate, fan out to the science modules, aggregate. Transport- and Ray-agnostic.
+"""Orchestration: validate, admit, fan out to the science modules, aggregate. Transport- and
+Ray-agnostic.
 
 The service sees engines only through the protocols of :mod:`reward_server.backends.base`; whether
 they run in this process or as Ray Serve deployments is the hosting layer's business. Semantic
-validation of a request happens here and nowhere else (structure is checked by the transport's
-conversion; the science modules take validated input).
+validation of a request happens here (:mod:`reward_server.validation`) and nowhere else
+(structure is checked by the transport's conversion; the science modules take validated input),
+then admission control (:mod:`reward_server.admission`) decides before any engine work. Items
+start through :func:`reward_server.cooperative.turn`, so fanning out a large batch shares the
+event loop with every other call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reward_server import API_VERSION, __version__, components, nli, rubric
+from reward_server import API_VERSION, __version__, components, cooperative, nli, rubric
 from reward_server import domain as d
+from reward_server.admission import Admission, AdmissionSettings, Ticket
 from reward_server.backends.base import JudgeEngine, NLIEngine
-from reward_server.errors import BackendUnavailable, InvalidRequest
+from reward_server.errors import BackendUnavailable
 from reward_server.nli.settings import NLISettings
 from reward_server.rubric.settings import RubricSettings
+from reward_server.validation import Limits, Validator
+
+__all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for"]
 
 logger = logging.getLogger(__name__)
-
-
-class Limits(BaseModel):
-    """What one request may carry; more is refused with INVALID_ARGUMENT naming the field."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_batch_items: int = Field(1024, ge=1, description="Most items one Score call may carry.")
-    max_text_chars: int = Field(
-        32768, ge=1, description="Longest text field (characters) an item may carry."
-    )
+DEFAULT_ENGINE_BATCH_ITEMS = 512  # judge + NLI batching.max_items at their defaults
 
 
 class ServiceSettings(BaseModel):
-    """Request limits and the penalty of a malformed policy output."""
+    """Request limits, admission control and the penalty of a malformed policy output."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policy_invalid_penalty: float = Field(
-        0.0, description="Reward of an item whose policy output is malformed (empty, over-long, "
+        0.0, ge=-1e6, le=1e6, allow_inf_nan=False,
+        description="Reward of an item whose policy output is malformed (empty, over-long, "
         "or for PARL an unparsable rubric); the item's status is POLICY_INVALID. PARL's value: 0."
     )
     limits: Limits = Field(default_factory=Limits)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
 
 
 class _PolicyInvalid(Exception):
@@ -56,6 +57,26 @@ class _PolicyInvalid(Exception):
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     first = group.exceptions[0]
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def admission_for(settings: AdmissionSettings, *, engine_batch_items: int) -> Admission:
+    """The admission control ``settings`` ask for; ``engine_batch_items``: the items one full
+    batch of every engine replica holds (sizes the default judgment limit)."""
+    if not settings.enabled:
+        return Admission.off()
+    limit = settings.max_judgments_in_flight
+    if limit is None:
+        limit = settings.batches_in_flight * engine_batch_items
+    return Admission(max_judgments=limit, max_bytes=settings.max_request_bytes_in_flight)
+
+
+def weighted_mean(weights: Sequence[float], values: Sequence[float]) -> float:
+    """sum(w*v)/sum(w) as a convex combination: finite for any finite values and finite,
+    non-negative weights with a positive one (no overflow of the sums, no 0/0)."""
+    top = max(weights)
+    scaled = [w / top for w in weights]  # in [0, 1], the largest is 1
+    total = math.fsum(scaled)  # in [1, len(weights)]
+    return math.fsum((w / total) * v for w, v in zip(scaled, values, strict=True))
 
 
 class RewardService:
@@ -70,6 +91,7 @@ class RewardService:
         rubric_settings: RubricSettings | None = None,
         nli_settings: NLISettings | None = None,
         fake_engines: bool = False,
+        admission: Admission | None = None,
     ) -> None:
         self.judge = judge
         self.nli = nli
@@ -77,16 +99,42 @@ class RewardService:
         self.rubric = rubric_settings or RubricSettings()
         self.nlicv = nli_settings or NLISettings()
         self.fake_engines = fake_engines
+        self.validator = Validator(self.settings.limits, self.rubric, self.nlicv)
+        self.admission = admission or admission_for(
+            self.settings.admission, engine_batch_items=DEFAULT_ENGINE_BATCH_ITEMS
+        )
+
+    @contextlib.contextmanager
+    def _admitted(self, ticket: Ticket | None, judgments: int) -> Iterator[None]:
+        """Hold ``judgments`` on the caller's ticket, or on one of our own for this block."""
+        held = ticket if ticket is not None else self.admission.enter()
+        try:
+            held.admit(judgments)
+            yield
+        finally:
+            if ticket is None:
+                held.release()
 
     # ------------------------------------------------------------------ Score
-    async def score(self, items: Sequence[d.ScoreItem]) -> list[d.ItemResult]:
-        """One result per item, in order. Raises InvalidRequest for a malformed request."""
-        self._validate_batch(items)
-        try:
-            async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch
-                tasks = [tg.create_task(self._score_item(item)) for item in items]
-        except BaseExceptionGroup as group:
-            raise _first_leaf(group) from None
+    async def score(
+        self,
+        items: Sequence[d.ScoreItem],
+        *,
+        ticket: Ticket | None = None,
+        judgments: int | None = None,
+    ) -> list[d.ItemResult]:
+        """One result per item, in order. Raises InvalidRequest for a malformed request and
+        Overloaded when admission control refuses it. ``ticket``: the transport's, holding the
+        request's bytes; ``judgments``: given when the caller has validated ``items`` with
+        :attr:`validator` already (as it converted them)."""
+        if judgments is None:
+            judgments = await self.validator.items(items)
+        with self._admitted(ticket, judgments):
+            try:
+                async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch
+                    tasks = [tg.create_task(self._score_item(item)) for item in items]
+            except BaseExceptionGroup as group:
+                raise _first_leaf(group) from None
         if any(t.cancelled() for t in tasks):  # an engine cancelled our call (replica gone?)
             raise BackendUnavailable(
                 "an engine call was cancelled before it answered (replica restarting or shutting "
@@ -94,95 +142,23 @@ class RewardService:
             )
         return [t.result() for t in tasks]
 
-    def _validate_batch(self, items: Sequence[d.ScoreItem]) -> None:
-        limit = self.settings.limits.max_batch_items
-        if not items:
-            raise InvalidRequest("items: the batch is empty; send at least one item")
-        if len(items) > limit:
-            raise InvalidRequest(
-                f"items: {len(items)} items exceed service.limits.max_batch_items={limit}; "
-                "split the batch or raise the limit"
-            )
-        seen: dict[str, int] = {}
-        for i, item in enumerate(items):
-            if item.item_id in seen:
-                raise InvalidRequest(
-                    f"items[{i}].id: duplicate id {item.item_id!r} (also items[{seen[item.item_id]}]); "
-                    "ids must be unique within a request"
-                )
-            seen[item.item_id] = i
-            self._validate_spec(item.spec, f"items[{i}] (id {item.item_id!r})")
-
-    def _text(self, value: str, where: str, *, required: bool = True) -> None:
-        if required and not value.strip():
-            raise InvalidRequest(f"{where}: must not be empty")
-        limit = self.settings.limits.max_text_chars
-        if len(value) > limit:
-            raise InvalidRequest(
-                f"{where}: {len(value)} characters exceed service.limits.max_text_chars={limit}"
-            )
-
-    def _validate_spec(self, spec: d.ItemSpec, where: str) -> None:
-        if isinstance(spec, d.WeightedSpec):
-            if not spec.parts:
-                raise InvalidRequest(f"{where}.weighted.parts: needs at least one part")
-            for j, part in enumerate(spec.parts):
-                if not math.isfinite(part.weight) or part.weight < 0:
-                    raise InvalidRequest(
-                        f"{where}.weighted.parts[{j}].weight: {part.weight} is not a finite "
-                        "non-negative number"
-                    )
-                if isinstance(part.spec, d.WeightedSpec):  # pragma: no cover - proto forbids it
-                    raise InvalidRequest(f"{where}.weighted.parts[{j}]: combinations do not nest")
-                self._validate_spec(part.spec, f"{where}.weighted.parts[{j}]")
-            if not sum(p.weight for p in spec.parts) > 0:
-                raise InvalidRequest(
-                    f"{where}.weighted.parts: weights sum to 0; at least one weight must be positive"
-                )
-        elif isinstance(spec, d.RubricScoreSpec):
-            w = f"{where}.rubric_score"
-            self._text(spec.context, f"{w}.context", required=False)
-            if not spec.rules:
-                raise InvalidRequest(f"{w}.rules: needs at least one rule")
-            for k, rule in enumerate(spec.rules):
-                self._text(rule, f"{w}.rules[{k}]")
-        elif isinstance(spec, d.ParlRewardSpec):
-            w = f"{where}.parl_reward"
-            if not spec.history:
-                raise InvalidRequest(f"{w}.history: needs at least one (context, text) item")
-            for k, h in enumerate(spec.history):
-                self._text(h.context, f"{w}.history[{k}].context", required=False)
-                self._text(h.text, f"{w}.history[{k}].text")
-            self._text(spec.target.context, f"{w}.target.context", required=False)
-            self._text(spec.target.text, f"{w}.target.text")
-            if spec.variant is not d.ParlVariant.PARL_0 and not spec.baselines:
-                raise InvalidRequest(
-                    f"{w}.baselines: PARL-{spec.variant.value} needs at least one baseline output"
-                )
-            for k, b in enumerate(spec.baselines):
-                self._text(b, f"{w}.baselines[{k}]")
-        else:
-            w = f"{where}.nli_constraints"
-            self._text(spec.answer, f"{w}.answer")
-            self._text(spec.preference, f"{w}.preference")
-
-    def _check_policy_text(self, value: str, field: str) -> None:
-        if not value.strip():
-            raise _PolicyInvalid(f"{field} is empty")
-        limit = self.settings.limits.max_text_chars
-        if len(value) > limit:
-            raise _PolicyInvalid(f"{field} has {len(value)} characters, over {limit}")
-
     async def _leaf(self, spec: d.LeafSpec) -> d.RewardOutcome:
+        check = self.validator.policy_text_problem
         try:
             if isinstance(spec, d.RubricScoreSpec):
-                self._check_policy_text(spec.text, "rubric_score.text")
+                problem = check(spec.text, "rubric_score.text")
+                if problem:
+                    raise _PolicyInvalid(problem)
                 outcome = await rubric.score_rubric(self.judge, spec, self.rubric)
             elif isinstance(spec, d.ParlRewardSpec):
-                self._check_policy_text(spec.policy_output, "parl_reward.policy_output")
+                problem = check(spec.policy_output, "parl_reward.policy_output")
+                if problem:
+                    raise _PolicyInvalid(problem)
                 outcome = await rubric.parl_reward(self.judge, spec, self.rubric)
             else:
-                self._check_policy_text(spec.response, "nli_constraints.response")
+                problem = check(spec.response, "nli_constraints.response")
+                if problem:
+                    raise _PolicyInvalid(problem)
                 outcome = await nli.nli_constraints_reward(self.nli, spec, self.nlicv)
         except _PolicyInvalid as e:
             outcome = d.RewardOutcome(reward=None, policy_invalid=str(e))
@@ -194,6 +170,7 @@ class RewardService:
         return outcome
 
     async def _score_item(self, item: d.ScoreItem) -> d.ItemResult:
+        await cooperative.turn()  # items start a time slice at a time, not all in one go
         start = time.perf_counter()
         if isinstance(item.spec, d.WeightedSpec):
             outcome = await self._weighted(item.spec)
@@ -214,8 +191,7 @@ class RewardService:
     async def _weighted(self, spec: d.WeightedSpec) -> d.RewardOutcome:
         outcomes = await asyncio.gather(*(self._leaf(p.spec) for p in spec.parts))
         rewards = [float(o.reward) if o.reward is not None else math.nan for o in outcomes]
-        total_w = sum(p.weight for p in spec.parts)
-        reward = sum(p.weight * r for p, r in zip(spec.parts, rewards, strict=True)) / total_w
+        reward = weighted_mean([p.weight for p in spec.parts], rewards)
         components: dict[str, float] = {}
         invalid: list[str] = []
         for j, (part, o) in enumerate(zip(spec.parts, outcomes, strict=True)):
@@ -230,43 +206,51 @@ class RewardService:
 
     # --------------------------------------------------------- InduceRubrics
     async def induce_rubrics(
-        self, history: Sequence[d.HistoryItem], *, task: d.Task, num_samples: int, seed: int
+        self,
+        history: Sequence[d.HistoryItem],
+        *,
+        task: d.Task,
+        num_samples: int,
+        seed: int,
+        ticket: Ticket | None = None,
     ) -> d.InductionResult:
-        if not history:
-            raise InvalidRequest("history: needs at least one (context, text) item")
-        for k, h in enumerate(history):
-            self._text(h.context, f"history[{k}].context", required=False)
-            self._text(h.text, f"history[{k}].text")
-        if num_samples < 0 or num_samples > 64:
-            raise InvalidRequest(f"num_samples: {num_samples} is outside 0..64 (0 = server default)")
-        return await rubric.induce_rubrics(
-            self.judge,
-            history=history,
-            task=task,
-            settings=self.rubric,
-            num_samples=num_samples or None,
-            seed=seed,
-        )
+        judgments = self.validator.induce(history, num_samples=num_samples)
+        with self._admitted(ticket, judgments):
+            return await rubric.induce_rubrics(
+                self.judge,
+                history=history,
+                task=task,
+                settings=self.rubric,
+                num_samples=num_samples or None,
+                seed=seed,
+            )
 
     # ----------------------------------------------------------------- Verify
     async def verify(
-        self, *, response: str, answer: str, preference: str, evidence: bool
+        self,
+        *,
+        response: str,
+        answer: str,
+        preference: str,
+        evidence: bool,
+        ticket: Ticket | None = None,
     ) -> d.Verification:
-        self._text(response, "response")
-        self._text(answer, "answer")
-        self._text(preference, "preference")
-        return await nli.verify(
-            self.nli,
-            response=response,
-            answer=answer,
-            preference=preference,
-            evidence=evidence,
-            settings=self.nlicv,
+        judgments = self.validator.verify(
+            response=response, answer=answer, preference=preference, evidence=evidence
         )
+        with self._admitted(ticket, judgments):
+            return await nli.verify(
+                self.nli,
+                response=response,
+                answer=answer,
+                preference=preference,
+                evidence=evidence,
+                settings=self.nlicv,
+            )
 
     # ------------------------------------------------------------------- Info
     def info(self) -> d.ServerInfo:
-        r, n, lim = self.rubric, self.nlicv, self.settings.limits
+        r, n = self.rubric, self.nlicv
         templates = {**rubric.template_versions(r), **nli.template_versions(n)}
         settings = {
             "rubric.threshold": str(r.threshold),
@@ -280,8 +264,7 @@ class RewardService:
             "nli.long_premise": n.long_premise,
             "nli.default_reward_function": n.default_reward_function.value,
             "service.policy_invalid_penalty": str(self.settings.policy_invalid_penalty),
-            "service.limits.max_batch_items": str(lim.max_batch_items),
-            "service.limits.max_text_chars": str(lim.max_text_chars),
+            **self.limits_info(),
             "engines.fake": str(self.fake_engines).lower(),
         }
         return d.ServerInfo(
@@ -294,3 +277,12 @@ class RewardService:
             components=components.info(),
             fake_engines=self.fake_engines,
         )
+
+    def limits_info(self) -> dict[str, str]:
+        """Every request limit and the admission limits in force ("none": unlimited)."""
+        lim, a = self.settings.limits, self.admission
+        out = {f"service.limits.{k}": str(getattr(lim, k)) for k in type(lim).model_fields}
+        out["service.admission.enabled"] = str(self.settings.admission.enabled).lower()
+        out["service.admission.max_judgments_in_flight"] = str(a.max_judgments or "none")
+        out["service.admission.max_request_bytes_in_flight"] = str(a.max_bytes or "none")
+        return out

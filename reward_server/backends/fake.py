@@ -22,7 +22,9 @@ FakeNLI
     ``max_length`` words.
 
 Both fakes can be made to fail (``fail_with = SomeError(...)``): every call then raises it and
-``health()`` reports the engine down, until ``fail_with`` is reset to None.
+``health()`` reports the engine down, until ``fail_with`` is reset to None. They compute in the
+event loop, a few dozen inputs at a time (:func:`reward_server.cooperative.turn` between), as a
+real engine's work off the loop would leave it free.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import re
 from collections import Counter, deque
 from collections.abc import Sequence
 
+from reward_server import cooperative
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt, NLIPair, NLIScore
 
 STOP_WORDS = frozenset(
@@ -46,6 +49,7 @@ _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _HEADING = re.compile(r"^## .*$", re.MULTILINE)
 _BATCH_LOG = 100_000
+_CHUNK = 32  # inputs computed between two turns of the event loop
 
 
 def blocks(rendered: str) -> list[str]:
@@ -124,7 +128,12 @@ class FakeJudge:
         self.batch_sizes.append(len(prompts))
         if self._latency_s:
             await asyncio.sleep(self._latency_s)
-        return [fake_p_yes(*text_and_rule(p)) for p in prompts]
+        out: list[float] = []
+        for i, p in enumerate(prompts):
+            if i % _CHUNK == 0:
+                await cooperative.turn()
+            out.append(fake_p_yes(*text_and_rule(p)))
+        return out
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         self._check()
@@ -203,7 +212,12 @@ class FakeNLI:
         self.batch_sizes.append(len(pairs))
         if self._latency_s:
             await asyncio.sleep(self._latency_s)
-        return [self._score(p) for p in pairs]
+        out: list[NLIScore] = []
+        for i, p in enumerate(pairs):
+            if i % _CHUNK == 0:
+                await cooperative.turn()
+            out.append(self._score(p))
+        return out
 
     async def health(self) -> Health:
         if self.fail_with is not None:

@@ -26,7 +26,7 @@ from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import TransformersJudgeSettings
 from reward_server.backends.torch_device import resolve_device, resolve_dtype, set_threads
 from reward_server.backends.yes_no import render_chat, yes_no_ids
-from reward_server.errors import BackendUnavailable, ModelLoadError
+from reward_server.errors import ModelLoadError, engine_failure
 
 if TYPE_CHECKING:
     import torch
@@ -162,10 +162,8 @@ class TransformersJudge:
                 if share_prefix:
                     return self._score_shared(prompts)
                 return self._score_full(prompts)
-            except (ModelLoadError, BackendUnavailable):
-                raise
-            except Exception as e:
-                raise BackendUnavailable(f"judge {self._model_id} failed: {type(e).__name__}: {e}") from e
+            except Exception as e:  # out of memory / device: UNAVAILABLE; a bug: INTERNAL
+                raise engine_failure(e, f"judge {self._model_id}") from e
 
     def _p_from_hidden(self, hidden: torch.Tensor) -> list[float]:
         import torch
@@ -300,7 +298,7 @@ class TransformersJudge:
                         pad_token_id=self._pad,
                     )
                 except Exception as e:
-                    raise BackendUnavailable(f"generation on {self._model_id} failed: {type(e).__name__}: {e}") from e
+                    raise engine_failure(e, f"generation on {self._model_id}") from e
                 outs.append(self._tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
         return outs
 

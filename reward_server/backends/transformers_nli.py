@@ -22,7 +22,7 @@ from typing import Any
 from reward_server.backends.base import Health, NLIPair, NLIScore
 from reward_server.backends.settings import TransformersNLISettings
 from reward_server.backends.torch_device import resolve_device, resolve_dtype, set_threads
-from reward_server.errors import BackendUnavailable, ModelLoadError
+from reward_server.errors import ModelLoadError, engine_failure
 
 logger = logging.getLogger(__name__)
 
@@ -203,10 +203,10 @@ class TransformersNLI:
             return []
         try:
             return await asyncio.to_thread(self._score_sync, list(pairs))
-        except (RuntimeError, MemoryError) as e:  # CUDA OOM, device errors
-            raise BackendUnavailable(
-                f"NLI model {self._model_id} failed on {len(pairs)} pairs: {e}. Lower "
-                "nli_engine.token_budget or check the device."
+        except Exception as e:  # out of memory / device: UNAVAILABLE; a bug: INTERNAL
+            raise engine_failure(
+                e, f"NLI model {self._model_id} on {len(pairs)} pairs (out of memory? lower "
+                "engines.nli.token_budget)"
             ) from e
 
     async def health(self) -> Health:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reward_server.backends.base import NLIEngine, NLIPair, NLIScore
-from reward_server.errors import BackendUnavailable
+from reward_server.errors import EngineError
 from reward_server.nli.settings import NLISettings
 from reward_server.nli.text import Side
 
@@ -113,7 +113,7 @@ class QueryBatch:
         self.engine_calls += 1
         scores = await self._nli.entailment(batch)
         if len(scores) != len(batch):
-            raise BackendUnavailable(
+            raise EngineError(
                 f"NLI engine {self._nli.model_id} returned {len(scores)} scores for "
                 f"{len(batch)} pairs; the engine is broken"
             )

@@ -1,4 +1,9 @@
-"""Bearer-token authentication as a grpc.aio server interceptor (constant-time compare)."""
+"""Bearer-token authentication as a grpc.aio server interceptor (constant-time compare).
+
+It runs when a call's headers arrive, before its request message: a refused call is answered
+UNAUTHENTICATED at once, without waiting for (or reading) a body, so unauthenticated calls hold
+nothing, half-open ones included.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +50,8 @@ class BearerTokenInterceptor(_Interceptor):
             else "wrong bearer token"
         )
 
-        async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def deny(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
 
-        return grpc.unary_unary_rpc_method_handler(deny)
+        # request-streaming: gRPC starts it on the headers, without waiting for a message
+        return grpc.stream_unary_rpc_method_handler(deny)

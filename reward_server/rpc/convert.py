@@ -1,14 +1,22 @@
 """Protobuf <-> domain conversion. Structural problems (no reward kind, unset enum) raise
-:class:`InvalidRequest` naming the item and field; semantic checks live in the service."""
+:class:`InvalidRequest` naming the item and field; semantic checks live in the service.
+
+:func:`score_items` and :func:`score_response` convert a whole Score call item by item with
+:func:`reward_server.cooperative.turn` between items (the largest call allowed never holds the
+event loop for long); the single-message functions are for everything else.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from reward_server import cooperative
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.errors import InvalidRequest
+from reward_server.errors import InvalidRequest, quote
+from reward_server.rpc import wire
 
 V = TypeVar("V")
 
@@ -75,9 +83,21 @@ def _history_out(items: Sequence[d.HistoryItem]) -> list[pb.HistoryItem]:
     return [pb.HistoryItem(context=h.context, text=h.text) for h in items]
 
 
-def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, where: str) -> d.LeafSpec:
+# ``count(n, limit_name, where)``: refuses a repeated field longer than a limit before it is
+# converted (see Validator.count); the checks that need the values come after conversion.
+Count = Callable[[int, str, str], None]
+
+
+def _no_count(n: int, name: str, where: str) -> None:
+    return None
+
+
+def _leaf_from_proto(
+    msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, where: str, count: Count = _no_count
+) -> d.LeafSpec:
     if kind == "rubric_score":
         r = msg.rubric_score
+        count(len(r.rules), "max_rules_per_item", f"{where}.rubric_score.rules")
         return d.RubricScoreSpec(
             context=r.context,
             text=r.text,
@@ -92,6 +112,8 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
                 f"{where}.parl_reward.variant: must be set to PARL_VARIANT_0, _A or _B"
             )
         variant = _enum(_VARIANT, p.variant, f"{where}.parl_reward.variant", "ParlVariant")
+        count(len(p.history), "max_history_items", f"{where}.parl_reward.history")
+        count(len(p.baselines), "max_baselines", f"{where}.parl_reward.baselines")
         return d.ParlRewardSpec(
             history=history_from_proto(p.history),
             policy_output=p.policy_output,
@@ -112,19 +134,71 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, wher
     )
 
 
-def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
-    where = f"items[{index}]" + (f" (id {msg.id!r})" if msg.id else "")
+# An item sent without an id is called "#<index>"; callers cannot use that form themselves.
+AUTO_ID = re.compile(r"#[0-9]+")
+
+
+def item_from_proto(msg: pb.ScoreItem, index: int, *, count: Count = _no_count) -> d.ScoreItem:
+    where = f"items[{index}]" + (f" (id {quote(msg.id)})" if msg.id else "")
+    if AUTO_ID.fullmatch(msg.id):
+        raise InvalidRequest(
+            f"items[{index}].id: {quote(msg.id)} has the form '#<index>', reserved for the ids "
+            "of items sent without one; choose another id"
+        )
     kind = msg.WhichOneof("kind")
     spec: d.ItemSpec
     if kind == "weighted":
+        count(len(msg.weighted.parts), "max_weighted_parts", f"{where}.weighted.parts")
         parts = []
         for j, part in enumerate(msg.weighted.parts):
-            leaf = _leaf_from_proto(part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]")
+            leaf = _leaf_from_proto(
+                part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]", count
+            )
             parts.append(d.WeightedPart(weight=part.weight, spec=leaf))
         spec = d.WeightedSpec(parts=tuple(parts))
     else:
-        spec = _leaf_from_proto(msg, kind, where)
+        spec = _leaf_from_proto(msg, kind, where, count)
     return d.ScoreItem(item_id=msg.id or f"#{index}", spec=spec)
+
+
+async def score_items(
+    raw: bytes,
+    *,
+    max_item_bytes: int,
+    check_count: Callable[[int], None],
+    check_item: Callable[[d.ScoreItem, int], None],
+    count: Count = _no_count,
+) -> list[d.ScoreItem]:
+    """The items of an encoded ScoreRequest, parsed and converted one at a time.
+    ``check_count(n)`` sees the number of items before any is parsed, ``count`` each repeated
+    field's length before it is converted, ``check_item(item, i)`` each item as soon as it is
+    converted (any may refuse, before the rest is parsed)."""
+    elements, rest = wire.split_repeated(raw, 1, "reward.v1.ScoreRequest")
+    if rest:
+        wire.parse(pb.ScoreRequest, rest)  # other (unknown) fields must still be well-formed
+    check_count(len(elements))
+    items: list[d.ScoreItem] = []
+    for i, element in enumerate(elements):
+        await cooperative.turn(urgent=True)  # admission decides only after this: keep it quick
+        if len(element) > max_item_bytes:
+            raise InvalidRequest(
+                f"items[{i}]: {len(element)} bytes exceed service.limits.max_item_bytes="
+                f"{max_item_bytes}; send smaller items"
+            )
+        msg = wire.parse(pb.ScoreItem, element, f"reward.v1.ScoreItem at items[{i}]")
+        item = item_from_proto(msg, i, count=count)
+        check_item(item, i)
+        items.append(item)
+    return items
+
+
+async def score_response(results: Sequence[d.ItemResult]) -> pb.ScoreResponse:
+    """The ScoreResponse of ``results``, built one result at a time."""
+    response = pb.ScoreResponse()
+    for r in results:
+        await cooperative.turn(urgent=True)  # finishing a call frees its capacity
+        response.results.append(result_to_proto(r))
+    return response
 
 
 def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> None:

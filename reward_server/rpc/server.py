@@ -1,9 +1,20 @@
-"""The grpc.aio ingress: ``create_server(settings, service) -> (server, port)``.
+"""The grpc.aio ingress: ``create_server(settings, service, health_probe=) -> (server, port)``.
 
-Standard ``grpc.health.v1`` health, server reflection, optional bearer-token auth and TLS, max
-message sizes, a server-side timeout from the client's deadline, and a graceful drain: health
-turns NOT_SERVING, new calls are still accepted for ``drain_delay_s`` (so load balancers notice),
-then the server stops accepting and in-flight calls get ``grace_period_s`` to finish.
+Standard ``grpc.health.v1`` health that follows the engines (:mod:`reward_server.rpc.health`),
+server reflection, optional bearer-token auth and TLS, max message sizes, bounded connections
+and streams (HTTP/2 and keepalive channel args, see :func:`channel_options`), a server-side
+timeout from the client's deadline, and a graceful drain (:meth:`RewardGrpcServer.stop`):
+
+1. health turns NOT_SERVING and calls are still served for ``drain_delay_s`` (load balancers
+   notice and route away);
+2. new calls are held, unanswered; every call accepted before has ``grace_period_s`` to finish;
+3. once they have, and no new call arrived for a moment, the port closes (GOAWAY, no new
+   connection) and the held calls are answered UNAVAILABLE ("draining; retry on another
+   replica").
+
+gRPC itself cancels (CANCELLED) calls that reached it but not yet the application when its port
+closes. Holding the late calls in step 2 instead of answering them at once keeps a client that
+retries at once from having a call in that window, so clients see only OK or UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from typing import Any
 
 import grpc
@@ -18,9 +30,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
+from reward_server.rpc.health import HealthMonitor, Probe
 from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings
@@ -28,41 +40,68 @@ from reward_server.service import RewardService
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RewardService"].full_name
+SHUTDOWN_STARTED_S = 0.02  # time for grpc's shutdown to close the port and send GOAWAY
+QUIET_S = 0.05  # before the port closes: no call arrived for this long ...
+QUIET_MAX_S = 1.0  # ... or this long passed
 
 
 class RewardGrpcServer:
-    """A started-on-demand grpc.aio server with its health servicer."""
+    """A started-on-demand grpc.aio server with its live health and its drain."""
 
-    def __init__(self, server: grpc.aio.Server, health: HealthServicer, service: RewardService,
-                 settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        monitor: HealthMonitor,
+        servicer: RewardServicer,
+        service: RewardService,
+        settings: ServerSettings,
+    ) -> None:
         self.server = server
-        self.health = health
+        self.monitor = monitor
+        self.health = monitor.servicer
+        self.servicer = servicer
         self.service = service
         self._settings = settings
+        self._stopping = False
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         await self.server.start()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-
-    async def _set_health(self, status: int) -> None:
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, status)
+        await self.monitor.start()
 
     async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
-        """Drain: NOT_SERVING, wait drain_delay, stop accepting, let in-flight calls finish."""
-        if self._stopped.is_set():
+        """Drain (see the module doc) and stop."""
+        if self._stopping:
+            await self._stopped.wait()
             return
+        self._stopping = True
         s = self._settings
         grace = s.grace_period_s if grace is None else grace
         drain_delay = s.drain_delay_s if drain_delay is None else drain_delay
-        logger.info("draining: NOT_SERVING, accepting for %.1fs, grace %.1fs", drain_delay, grace)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        logger.info("draining: NOT_SERVING, serving for %.1fs, grace %.1fs", drain_delay, grace)
+        await self.monitor.stop()
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
-        await self.server.stop(grace)
+        deadline = time.monotonic() + grace
+        self.servicer.stop_accepting()
+        if not await self.servicer.wait_idle(deadline - time.monotonic()):
+            logger.warning("grace period over with %d calls in flight; cancelling them",
+                           self.servicer.active)
+        await self._quiet(deadline)  # calls sent as the last ones finished are held too
+        stopping = asyncio.ensure_future(self.server.stop(max(0.0, deadline - time.monotonic())))
+        await asyncio.sleep(SHUTDOWN_STARTED_S)  # the port is closed now ...
+        self.servicer.release_parked()  # ... so the held calls may be answered
+        await stopping
         self._stopped.set()
         logger.info("server stopped")
+
+    async def _quiet(self, deadline: float) -> None:
+        limit = min(deadline, time.monotonic() + QUIET_MAX_S)
+        while time.monotonic() < limit:
+            idle = time.monotonic() - self.servicer.last_arrival
+            if idle >= QUIET_S:
+                return
+            await asyncio.sleep(QUIET_S - idle)
 
     async def wait_for_termination(self) -> None:
         await self._stopped.wait()
@@ -86,28 +125,58 @@ def _credentials(s: ServerSettings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
-def create_server(
-    settings: ServerSettings, service: RewardService
-) -> tuple[RewardGrpcServer, int]:
-    """Build the server and bind its port (``port=0`` picks a free one); not started."""
-    s = settings
-    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
-    if s.auth_token is not None:
-        interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
+    """The grpc core channel args bounding messages, connections and streams."""
     options = [
         ("grpc.max_receive_message_length", s.max_message_bytes),
         ("grpc.max_send_message_length", s.max_message_bytes),
         ("grpc.so_reuseport", 0),
+        ("grpc.server_handshake_timeout_ms", _ms(s.handshake_timeout_s)),
+        ("grpc.max_concurrent_streams", s.max_concurrent_streams),
+        ("grpc.keepalive_time_ms", _ms(s.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", _ms(s.keepalive_timeout_s)),
+        # the unanswered ping closes the connection only with this one too (grpc 1.85, measured)
+        ("grpc.http2.ping_timeout_ms", _ms(s.keepalive_timeout_s)),
+        # ping idle connections as well (a non-reading peer may have no call left)
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(s.min_client_ping_interval_s)),
     ]
+    if s.max_connections is not None:
+        options.append(("grpc.max_allowed_incoming_connections", s.max_connections))
+    if s.max_connection_idle_s is not None:
+        options.append(("grpc.max_connection_idle_ms", _ms(s.max_connection_idle_s)))
+    if s.max_connection_age_s is not None:
+        options.append(("grpc.max_connection_age_ms", _ms(s.max_connection_age_s)))
+        options.append(("grpc.max_connection_age_grace_ms", _ms(s.grace_period_s)))
+    return options
+
+
+def create_server(
+    settings: ServerSettings, service: RewardService, *, health_probe: Probe | None = None
+) -> tuple[RewardGrpcServer, int]:
+    """Build the server and bind its port (``port=0`` picks a free one); not started.
+
+    ``health_probe`` (``Engines.health``) drives grpc.health.v1; None: SERVING until drained.
+    """
+    s = settings
+    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
+    if s.auth_token is not None:
+        interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=options,
+        options=channel_options(s),
         maximum_concurrent_rpcs=s.max_concurrent_rpcs,
     )
-    pb_grpc.add_RewardServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        RewardServicer(service, default_timeout_s=s.default_timeout_s), server
-    )
     health = HealthServicer()
+    monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s)
+    servicer = RewardServicer(service, s, on_engine_failure=monitor.poke)
+    handlers = servicer.handlers()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if s.reflection:
         enable_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
@@ -124,4 +193,4 @@ def create_server(
         )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
-    return RewardGrpcServer(server, health, service, s), port
+    return RewardGrpcServer(server, monitor, servicer, service, s), port

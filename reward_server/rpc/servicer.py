@@ -1,11 +1,28 @@
-"""reward.v1.RewardService over :class:`reward_server.service.RewardService`."""
+"""reward.v1.RewardService over :class:`reward_server.service.RewardService`.
+
+Each method is registered with gRPC as request-streaming and without a request deserializer
+(:meth:`RewardServicer.handlers`). On the wire and in reflection the methods stay unary and
+clients see no difference, but the handler starts when a call's headers arrive (after the auth
+interceptor) instead of after its body, so that a call is:
+
+1. refused at once, before its body is read, when the server is draining (UNAVAILABLE) or
+   admission control has no room for a call of the usual size (RESOURCE_EXHAUSTED with
+   ``grpc-retry-pushback-ms``);
+2. given ``server.receive_timeout_s`` for its one request message (half-open calls end);
+3. parsed here (:mod:`reward_server.rpc.wire`): a malformed body is INVALID_ARGUMENT, a large
+   Score request is parsed and converted item by item;
+4. admitted by size, then by judgments (:mod:`reward_server.admission`), then run under the
+   client's deadline (or ``server.default_timeout_s``); every exception goes through the one
+   status table (:mod:`reward_server.rpc.status`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -13,32 +30,141 @@ import grpc
 from reward_server import domain as d
 from reward_server import metrics
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
-from reward_server.errors import BackendUnavailable
-from reward_server.rpc import convert
-from reward_server.rpc.status import message_for, status_for
+from reward_server.admission import Admission, Ticket
+from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
+from reward_server.rpc import convert, wire
+from reward_server.rpc.settings import ServerSettings
+from reward_server.rpc.status import message_for, status_for, trailers_for
 from reward_server.service import RewardService
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
+Requests = AsyncIterator[bytes]
+_FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
 
 
-class RewardServicer(pb_grpc.RewardServiceServicer):
-    """Converts, enforces the deadline, and maps exceptions through the one status table."""
+class RewardServicer:
+    """The four methods, the draining gate, and the count of calls in flight."""
 
-    def __init__(self, service: RewardService, *, default_timeout_s: float) -> None:
+    def __init__(
+        self,
+        service: RewardService,
+        settings: ServerSettings,
+        *,
+        on_engine_failure: Callable[[], None] | None = None,
+    ) -> None:
         self._service = service
-        self._default_timeout_s = default_timeout_s
+        self._settings = settings
+        self._on_engine_failure = on_engine_failure
+        self._accepting = True
+        self._released = asyncio.Event()
+        self.last_arrival = time.monotonic()
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        lim = service.settings.limits
+        text = lim.max_text_bytes + _FIELD_OVERHEAD
+        self._max_bytes = {  # no valid request of the method is larger
+            "Score": settings.max_message_bytes,
+            "InduceRubrics": lim.max_history_items * (2 * text + _FIELD_OVERHEAD) + 64,
+            "Verify": 3 * text + 16,
+            "Info": 1024,
+        }
 
-    async def _run(self, rpc: str, context: Context, work: Awaitable[T]) -> T:
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+        def handler(fn: Callable[[Requests, Context], Awaitable[Any]],
+                    response: Any) -> grpc.RpcMethodHandler[Any, Any]:
+            return grpc.stream_unary_rpc_method_handler(
+                fn, request_deserializer=None, response_serializer=response.SerializeToString
+            )
+
+        return {
+            "Score": handler(self.Score, pb.ScoreResponse),
+            "InduceRubrics": handler(self.InduceRubrics, pb.InduceRubricsResponse),
+            "Verify": handler(self.Verify, pb.VerifyResponse),
+            "Info": handler(self.Info, pb.InfoResponse),
+        }
+
+    # ------------------------------------------------------------------ drain
+    @property
+    def active(self) -> int:
+        """Calls past the gate and not finished."""
+        return self._active
+
+    def stop_accepting(self) -> None:
+        """From now on new calls wait for :meth:`release_parked`, then get UNAVAILABLE; calls
+        in flight go on. (Answering them at once would let a client resend at once, and a call
+        that reaches gRPC just as its port closes is cancelled, not answered.)"""
+        self._accepting = False
+
+    def release_parked(self) -> None:
+        """The port is closed: answer the parked calls UNAVAILABLE."""
+        self._released.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Until no call is in flight (True) or ``timeout_s`` passed (False)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, timeout_s))
+        except TimeoutError:
+            return False
+        return True
+
+    async def _refuse_draining(self, context: Context) -> None:
         remaining = context.time_remaining()
-        timeout = self._default_timeout_s if remaining is None else max(0.0, remaining)
+        wait = self._settings.grace_period_s if remaining is None else max(0.0, remaining - 0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), wait)
+        raise BackendUnavailable("the server is shutting down (draining); retry on another replica")
+
+    # ------------------------------------------------------------------- calls
+    async def _receive(self, requests: Requests, rpc: str) -> bytes:
+        limit = self._settings.receive_timeout_s
+        try:
+            raw = await asyncio.wait_for(anext(requests), limit)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the request message did not arrive within server.receive_timeout_s={limit}s "
+                "of the call's headers"
+            ) from None
+        except StopAsyncIteration:
+            raise InvalidRequest("the call carried no request message") from None
+        cap = self._max_bytes[rpc]
+        if len(raw) > cap:
+            raise InvalidRequest(
+                f"the request has {len(raw)} bytes, more than any valid reward.v1.{rpc} request "
+                f"under service.limits ({cap}); check the sizes of its texts"
+            )
+        return raw
+
+    async def _run(
+        self,
+        rpc: str,
+        requests: Requests,
+        context: Context,
+        work: Callable[[bytes, Ticket], Awaitable[T]],
+        *,
+        admit: bool = True,
+    ) -> T:
+        self.last_arrival = time.monotonic()
         start = time.perf_counter()
         code_name = "OK"
+        entered = False
         try:
+            if not self._accepting:
+                await self._refuse_draining(context)
+            entered = True
+            self._active += 1
+            self._idle.clear()
+            remaining = context.time_remaining()
+            timeout = self._settings.default_timeout_s if remaining is None else max(0.0, remaining)
+            admission = self._service.admission if admit else Admission.off()
             try:
-                return await asyncio.wait_for(work, timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    with admission.enter() as ticket:  # refused here when full: nothing read
+                        raw = await self._receive(requests, rpc)
+                        ticket.add_bytes(len(raw))
+                        return await work(raw, ticket)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -53,53 +179,84 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
             if code is grpc.StatusCode.INTERNAL:
                 logger.exception("%s failed with an unexpected error", rpc)
             else:
-                logger.info("%s -> %s: %s", rpc, code.name, exc)
-            await context.abort(code, message_for(exc))
+                logger.info("%s -> %s: %s", rpc, code.name, message_for(exc))
+            if (isinstance(exc, BackendUnavailable) and entered
+                    and self._on_engine_failure is not None):
+                self._on_engine_failure()  # let health look at the engines now
+            await context.abort(code, message_for(exc), trailing_metadata=trailers_for(exc))
             raise  # unreachable: abort raises
         finally:
+            if entered:
+                self._active -= 1
+                if not self._active:
+                    self._idle.set()
             seconds = time.perf_counter() - start
             metrics.observe_call(rpc, code_name, seconds)
             logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
-    async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
-        async def work() -> pb.ScoreResponse:
-            items = [convert.item_from_proto(m, i) for i, m in enumerate(request.items)]
-            results = await self._service.score(items)
+    async def Score(self, requests: Requests, context: Context) -> pb.ScoreResponse:
+        async def work(raw: bytes, ticket: Ticket) -> pb.ScoreResponse:
+            validator = self._service.validator
+            seen: dict[str, int] = {}
+            judgments = 0
+
+            def check(item: d.ScoreItem, index: int) -> None:  # refuse at the first bad item
+                nonlocal judgments
+                judgments += validator.item(item, index, seen)
+
+            items = await convert.score_items(
+                raw, max_item_bytes=validator.limits.max_item_bytes,
+                check_count=validator.batch_size, check_item=check, count=validator.count,
+            )
+            judgments = validator.total(judgments, "items")
+            results = await self._service.score(items, ticket=ticket, judgments=judgments)
             for item, result in zip(items, results, strict=True):
                 metrics.observe_items(d.kind_of(item.spec).value, result.status.value)
-            return pb.ScoreResponse(results=[convert.result_to_proto(r) for r in results])
+            return await convert.score_response(results)
 
-        return await self._run("Score", context, work())
+        return await self._run("Score", requests, context, work)
 
-    async def InduceRubrics(
-        self, request: pb.InduceRubricsRequest, context: Context
-    ) -> pb.InduceRubricsResponse:
-        async def work() -> pb.InduceRubricsResponse:
-            task = convert.task_from_proto(request.task, "request")
+    async def InduceRubrics(self, requests: Requests, context: Context) -> pb.InduceRubricsResponse:
+        async def work(raw: bytes, ticket: Ticket) -> pb.InduceRubricsResponse:
+            request = wire.parse(pb.InduceRubricsRequest, raw)
             result = await self._service.induce_rubrics(
                 convert.history_from_proto(request.history),
-                task=task,
+                task=convert.task_from_proto(request.task, "request"),
                 num_samples=request.num_samples,
                 seed=request.seed,
+                ticket=ticket,
             )
             return convert.induction_to_proto(result)
 
-        return await self._run("InduceRubrics", context, work())
+        return await self._run("InduceRubrics", requests, context, work)
 
-    async def Verify(self, request: pb.VerifyRequest, context: Context) -> pb.VerifyResponse:
-        async def work() -> pb.VerifyResponse:
-            v: d.Verification = await self._service.verify(
+    async def Verify(self, requests: Requests, context: Context) -> pb.VerifyResponse:
+        async def work(raw: bytes, ticket: Ticket) -> pb.VerifyResponse:
+            request = wire.parse(pb.VerifyRequest, raw)
+            v = await self._service.verify(
                 response=request.response,
                 answer=request.answer,
                 preference=request.preference,
                 evidence=request.evidence,
+                ticket=ticket,
             )
             return convert.verification_to_proto(v)
 
-        return await self._run("Verify", context, work())
+        return await self._run("Verify", requests, context, work)
 
-    async def Info(self, request: pb.InfoRequest, context: Context) -> pb.InfoResponse:
-        async def work() -> pb.InfoResponse:
-            return convert.info_to_proto(self._service.info())
+    async def Info(self, requests: Requests, context: Context) -> pb.InfoResponse:
+        async def work(raw: bytes, ticket: Ticket) -> pb.InfoResponse:
+            wire.parse(pb.InfoRequest, raw)
+            reply = convert.info_to_proto(self._service.info())
+            reply.settings.update(self.transport_info())
+            return reply
 
-        return await self._run("Info", context, work())
+        return await self._run("Info", requests, context, work, admit=False)
+
+    def transport_info(self) -> dict[str, str]:
+        """The transport's limits, for Info."""
+        s = self._settings
+        names = ("max_message_bytes", "max_concurrent_rpcs", "default_timeout_s",
+                 "receive_timeout_s", "max_concurrent_streams", "max_connections",
+                 "grace_period_s", "drain_delay_s")
+        return {f"server.{n}": str(getattr(s, n)) for n in names}

@@ -1,4 +1,5 @@
-"""Settings of the gRPC transport: bind, message sizes, auth, TLS, timeouts, drain, metrics."""
+"""Settings of the gRPC transport: bind, message sizes, auth, TLS, timeouts, connection bounds,
+live health, drain, metrics."""
 
 from __future__ import annotations
 
@@ -20,7 +21,50 @@ class ServerSettings(_Frozen):
         64 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent."
     )
     max_concurrent_rpcs: int | None = Field(
-        None, ge=1, description="Calls served at once; more are refused (RESOURCE_EXHAUSTED)."
+        None, ge=1, description="gRPC's own cap on calls handled at once (health checks "
+        "included; more are RESOURCE_EXHAUSTED). It counts a call before authentication, so "
+        "leave it off and rely on service.admission (work in flight, after authentication)."
+    )
+    receive_timeout_s: float = Field(
+        30.0, gt=0.0, description="A call whose request message has not fully arrived this long "
+        "after its headers is ended (DEADLINE_EXCEEDED): half-open calls hold nothing for long."
+    )
+    handshake_timeout_s: float = Field(
+        10.0, gt=0.0, description="A connection that has not finished its TLS/HTTP/2 preface "
+        "this long after connecting is closed (grpc.server_handshake_timeout_ms)."
+    )
+    max_concurrent_streams: int = Field(
+        128, ge=1, description="Calls one HTTP/2 connection may have open at once; a client "
+        "queues the rest (grpc.max_concurrent_streams)."
+    )
+    max_connections: int | None = Field(
+        1024, ge=1, description="Connections accepted at once; more are closed at once "
+        "(grpc.max_allowed_incoming_connections). None: unlimited."
+    )
+    keepalive_time_s: float = Field(
+        60.0, gt=0.0, description="Ping each connection after this long without activity "
+        "(grpc.keepalive_time_ms), so dead or non-reading peers are found ..."
+    )
+    keepalive_timeout_s: float = Field(
+        20.0, gt=0.0, description="... and close it when the ping is not answered this long "
+        "(grpc.keepalive_timeout_ms)."
+    )
+    min_client_ping_interval_s: float = Field(
+        10.0, gt=0.0, description="Clients may send keepalive pings this often without calls "
+        "(grpc.http2.min_ping_interval_without_data_ms); more often is answered with GOAWAY."
+    )
+    max_connection_idle_s: float | None = Field(
+        300.0, gt=0.0, description="Close a connection with no call for this long "
+        "(grpc.max_connection_idle_ms, with GOAWAY: clients reconnect on demand). None: never."
+    )
+    max_connection_age_s: float | None = Field(
+        None, gt=0.0, description="Send GOAWAY to a connection this old, then give its calls "
+        "grace_period_s (grpc.max_connection_age_ms; spreads long-lived clients over replicas "
+        "behind an L4 balancer). None: never."
+    )
+    health_poll_s: float = Field(
+        1.0, gt=0.0, description="How often grpc.health.v1 asks the engines (Engines.health); "
+        "an engine failure triggers an immediate check."
     )
     default_timeout_s: float = Field(
         300.0, gt=0.0, description="Server-side timeout for calls that arrive without a deadline."
@@ -32,7 +76,8 @@ class ServerSettings(_Frozen):
         2.0,
         ge=0.0,
         description="On SIGTERM: health is NOT_SERVING but calls are still accepted this long, "
-        "so load balancers route away before the port closes.",
+        "so load balancers route away; then new calls get UNAVAILABLE, accepted ones get "
+        "grace_period_s to finish, and the port closes.",
     )
     auth_token: SecretStr | None = Field(
         None,

@@ -1,4 +1,10 @@
-"""THE table mapping exceptions to gRPC status codes. Nothing else maps errors to codes."""
+"""THE table mapping exceptions to gRPC status codes. Nothing else maps errors to codes.
+
+Retrying a call helps only for the codes marked retryable: the engine or the server is busy
+(RESOURCE_EXHAUSTED, with a ``grpc-retry-pushback-ms`` hint in the trailers when the server
+knows how long to wait) or unreachable (UNAVAILABLE). A bug is INTERNAL: asking again gives the
+same answer.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +21,16 @@ STATUS_TABLE: dict[type[BaseException], grpc.StatusCode] = {
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.ModelLoadError: grpc.StatusCode.UNAVAILABLE,
+    MemoryError: grpc.StatusCode.UNAVAILABLE,
+    ConnectionError: grpc.StatusCode.UNAVAILABLE,
+    errors.EngineError: grpc.StatusCode.INTERNAL,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     asyncio.TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+RETRYABLE = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
+# gRFC A6: a server's pushback, honoured by gRPC clients with a retryPolicy for the code
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+MAX_DETAILS_CHARS = 1024  # status details travel in trailers; keep them far below 8 KiB
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -29,11 +42,25 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def _clip(text: str) -> str:
+    if len(text) <= MAX_DETAILS_CHARS:
+        return text
+    return f"{text[: MAX_DETAILS_CHARS - 40]}... ({len(text)} characters in all)"
+
+
 def message_for(exc: BaseException) -> str:
+    """The status details for ``exc``: its message, at most MAX_DETAILS_CHARS characters."""
     code = status_for(exc)
     text = str(exc) or type(exc).__name__
-    if code is grpc.StatusCode.INTERNAL:
-        return f"internal error ({type(exc).__name__}: {text}); see the server log"
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED and not str(exc):
-        return "the call's deadline passed before scoring finished; raise the client timeout"
-    return text
+    if code is grpc.StatusCode.INTERNAL and not isinstance(exc, errors.EngineError):
+        text = f"internal error ({type(exc).__name__}: {text}); see the server log"
+    elif code is grpc.StatusCode.DEADLINE_EXCEEDED and not str(exc):
+        text = "the call's deadline passed before scoring finished; raise the client timeout"
+    return _clip(text)
+
+
+def trailers_for(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata for ``exc``: the retry pushback of an Overloaded that names one."""
+    if isinstance(exc, errors.Overloaded) and exc.retry_after_s is not None:
+        return ((RETRY_PUSHBACK_KEY, str(max(0, round(exc.retry_after_s * 1000)))),)
+    return ()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from reward_server.backends.base import JudgeEngine
 from reward_server.domain import HistoryItem, InductionAttempt, InductionResult, Task
-from reward_server.errors import BackendUnavailable
+from reward_server.errors import EngineError
 from reward_server.rubric.parsing import parse_rubric_output
 from reward_server.rubric.scoring import validate_rule_sets
 from reward_server.rubric.settings import RubricSettings
@@ -38,7 +38,7 @@ async def induce_rubrics(
     requests = [generator_request(hist, task, settings, seed=seed + i) for i in range(k)]
     outputs = await judge.generate(requests)
     if len(outputs) != k:
-        raise BackendUnavailable(f"generator returned {len(outputs)} outputs for {k} requests")
+        raise EngineError(f"generator returned {len(outputs)} outputs for {k} requests")
     parsed = [parse_rubric_output(o, settings, mode="inference") for o in outputs]
     valid = await validate_rule_sets(judge, [p.rules for p in parsed], hist, task, settings)
     attempts = tuple(

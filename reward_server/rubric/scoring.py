@@ -14,7 +14,7 @@ from reward_server.domain import (
     RubricScoreSpec,
     Task,
 )
-from reward_server.errors import BackendUnavailable
+from reward_server.errors import EngineError
 from reward_server.rubric import formulas
 from reward_server.rubric.parsing import parse_rubric_output
 from reward_server.rubric.settings import RubricSettings
@@ -29,12 +29,12 @@ async def judge_batch(judge: JudgeEngine, prompts: Sequence[JudgePrompt]) -> lis
         return []
     out = await judge.p_yes(prompts)
     if len(out) != len(prompts):
-        raise BackendUnavailable(
+        raise EngineError(
             f"judge {judge.model_id} returned {len(out)} scores for {len(prompts)} prompts"
         )
     for p in out:
         if not 0.0 <= p <= 1.0:  # also rejects NaN
-            raise BackendUnavailable(f"judge {judge.model_id} returned p_yes={p!r} outside [0, 1]")
+            raise EngineError(f"judge {judge.model_id} returned p_yes={p!r} outside [0, 1]")
     return [float(p) for p in out]
 
 

@@ -5,7 +5,8 @@ a few prompts each. :class:`Batcher` packs the items of the calls that arrive wi
 ``wait_ms`` of a batch's first item into engine calls of at most ``max_items`` (a big call is
 spread over several batches; a batch can hold pieces of several calls), then hands each caller
 its own results, in order. If an engine call fails, every caller with items in it gets the
-exception: a failure is never turned into numbers. The same block runs in front of an
+exception (classified by :func:`reward_server.errors.engine_failure`: infrastructure or bug): a
+failure is never turned into numbers. The same block runs in front of an
 in-process engine and in front of a Ray Serve deployment handle.
 """
 
@@ -29,7 +30,7 @@ from reward_server.backends.base import (
     NLIScore,
 )
 from reward_server.backends.settings import BatchingSettings
-from reward_server.errors import BackendUnavailable
+from reward_server.errors import BackendUnavailable, EngineError, engine_failure
 
 logger = logging.getLogger(__name__)
 Q = TypeVar("Q")
@@ -128,7 +129,7 @@ class Batcher(Generic[Q, R]):
             with tracing.span(f"engine.{self._name}", items=n):
                 results = await self._fn(batch.items)
             if len(results) != n:
-                raise RuntimeError(
+                raise EngineError(
                     f"{self._name} engine returned {len(results)} results for {n} inputs"
                 )
         except asyncio.CancelledError:  # the server is stopping: the callers learn it
@@ -137,7 +138,8 @@ class Batcher(Generic[Q, R]):
             ))
             raise
         except Exception as exc:  # every caller with items in this batch sees the failure
-            self._fail(batch, exc)
+            # infrastructure (UNAVAILABLE, retried) or a bug (INTERNAL, not retried)
+            self._fail(batch, engine_failure(exc, f"the {self._name} engine on {n} items"))
             return
         if not batch.future.done():
             batch.future.set_result(results)

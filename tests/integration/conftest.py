@@ -70,6 +70,6 @@ async def running_server(
 @pytest_asyncio.fixture(scope="module")
 async def fake_server() -> AsyncIterator[Running]:
     async with running_server(
-        ["service.limits.max_batch_items=8", "service.limits.max_text_chars=2000"]
+        ["service.limits.max_batch_items=8", "service.limits.max_text_bytes=2000"]
     ) as r:
         yield r

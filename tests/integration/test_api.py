@@ -84,7 +84,7 @@ async def test_policy_invalid_fails_only_that_item(fake_server) -> None:
     by = {r.item_id: r for r in results}
     assert by["garbage"].reward == 0.0 and by["garbage"].message
     assert "empty" in by["empty"].message
-    assert "2001 characters" in by["long"].message
+    assert "2001 bytes" in by["long"].message
     assert by["good"].reward is not None and by["good"].reward > 1.0
 
 
@@ -109,6 +109,13 @@ async def test_induce_verify_info(fake_server) -> None:
     assert info.api_version == "reward.v1"
     assert (info.judge_model, info.nli_model) == ("fake-judge", "fake-nli")
     assert info.settings["rubric.margin_k"] == "20.0"
+    # the limits in force: the fixture's own, the defaults, the admission limit sized from the
+    # engines (64 batches of the fakes' 256 + 256 items), and the transport's
+    assert info.settings["service.limits.max_batch_items"] == "8"
+    assert info.settings["service.limits.max_id_bytes"] == "256"
+    assert info.settings["service.admission.max_judgments_in_flight"] == str(64 * 512)
+    assert info.settings["server.receive_timeout_s"] == "30.0"
+    assert info.settings["server.max_message_bytes"] == str(64 * 1024 * 1024)
     assert info.template_versions
     assert info.fake_engines is True  # the fixture serves the fakes, and Info says so
     parl = {x.name: x.meaning for x in info.components["parl_reward"]}

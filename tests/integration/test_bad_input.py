@@ -4,6 +4,7 @@ concurrent good calls still succeed and the server stays up."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
 from reward_server.backends.fake import FakeJudge
 from reward_server.client import RewardCallError
+from reward_server.rpc.status import MAX_DETAILS_CHARS
 
 from .conftest import running_server
 
@@ -44,7 +46,7 @@ BAD_ITEMS = {
     "empty history text": ([d.ScoreItem("x", parl(history=(d.HistoryItem("c", ""),)))],
                            "parl_reward.history[0].text: must not be empty"),
     "text over limit": ([d.ScoreItem("x", nli(preference="p" * 2001))],
-                        "nli_constraints.preference: 2001 characters exceed"),
+                        "nli_constraints.preference: 2001 bytes exceed"),
     "no baseline for PARL-A": ([d.ScoreItem("x", parl(baselines=()))], "parl_reward.baselines"),
     "no rules": ([d.ScoreItem("x", d.RubricScoreSpec("c", "t", ()))], "rubric_score.rules"),
     "weights sum to zero": (
@@ -54,6 +56,14 @@ BAD_ITEMS = {
     "inf weight": ([d.ScoreItem("x", d.WeightedSpec((d.WeightedPart(float("inf"), nli()),)))],
                    "parts[0].weight: inf"),
     "duplicate ids": ([GOOD, GOOD], "items[1].id: duplicate id 'ok'"),
+    "id over 256 bytes": ([d.ScoreItem("u" * 20_000, GOOD.spec)],
+                          "items[0].id: 20000 bytes exceed service.limits.max_id_bytes=256"),
+    "reserved id form": ([d.ScoreItem("#1", GOOD.spec), d.ScoreItem("", GOOD.spec)],
+                         "items[0].id: '#1' has the form '#<index>'"),
+    "too many rules": ([d.ScoreItem("x", d.RubricScoreSpec("c", "t", ("r",) * 65))],
+                       "rules: 65 entries exceed service.limits.max_rules_per_item=64"),
+    "too many parts": ([d.ScoreItem("x", d.WeightedSpec((d.WeightedPart(1.0, nli()),) * 9))],
+                       "weighted.parts: 9 entries exceed service.limits.max_weighted_parts=8"),
 }
 
 
@@ -73,6 +83,42 @@ async def test_malformed_requests_are_invalid_argument(fake_server, case: str) -
     assert isinstance(err, RewardCallError)
     assert err.code is grpc.StatusCode.INVALID_ARGUMENT
     assert needle in err.details, err.details
+    assert len(err.details) <= MAX_DETAILS_CHARS  # quoted values are excerpts
+
+
+@pytest.mark.parametrize(("method", "body", "needle"), [
+    ("Score", b"\xff\xff\xff", "not a valid reward.v1.ScoreRequest"),
+    ("Score", b"\x0a\x02\x0a\x7f", "not a valid reward.v1.ScoreItem at items[0]"),  # item cut short
+    ("Score", b"\x0b", "wire type 3"),
+    ("Verify", b"\x0a\x10abc", "not a valid reward.v1.VerifyRequest"),
+    ("InduceRubrics", b"\xff", "not a valid reward.v1.InduceRubricsRequest"),
+    ("Info", b"\x0a", "not a valid reward.v1.InfoRequest"),
+    ("Verify", b"\x0a\x00" * 4000, "more than any valid reward.v1.Verify request"),
+])
+async def test_malformed_bodies_are_invalid_argument(fake_server, method: str, body: bytes,
+                                                     needle: str) -> None:
+    async with grpc.aio.insecure_channel(fake_server.target) as ch:
+        call = ch.unary_unary(f"/reward.v1.RewardService/{method}")  # raw bytes
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call(body, timeout=5)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert needle in (e.value.details() or ""), e.value.details()
+
+
+async def test_an_item_over_the_wire_size_cap_is_refused_before_parsing() -> None:
+    big = d.ScoreItem("big", d.NliConstraintsSpec(response="r " * 1000, answer="a", preference="p"))
+    async with running_server(["service.limits.max_item_bytes=1024"]) as r:
+        err = await _with_concurrent_good_call(r, lambda c: c.score([GOOD, big]))
+    assert isinstance(err, RewardCallError) and err.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "items[1]: " in err.details and "service.limits.max_item_bytes=1024" in err.details
+
+
+async def test_extreme_finite_weights_are_scored_not_internal(fake_server) -> None:
+    parts = tuple(d.WeightedPart(w, nli(response="Paris is big.", answer="Paris", preference="big"))
+                  for w in (1e308, 1e308, 5e-324))
+    async with fake_server.client(max_retries=0) as c:
+        [r] = await c.score([d.ScoreItem("w", d.WeightedSpec(parts))])
+    assert r.status is d.ItemStatus.OK and r.reward is not None and math.isfinite(r.reward)
 
 
 @pytest.mark.parametrize(

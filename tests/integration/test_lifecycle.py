@@ -10,7 +10,7 @@ import pytest
 
 from reward_server import domain as d
 from reward_server.backends.base import GenerationRequest, JudgePrompt
-from reward_server.backends.fake import FakeJudge
+from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.client import RewardCallError
 from reward_server.errors import BackendUnavailable, Overloaded
 
@@ -118,3 +118,53 @@ async def test_a_cancellation_leaking_from_an_engine_is_unavailable_not_cancelle
         assert e.value.code is grpc.StatusCode.UNAVAILABLE
         assert "cancelled" in e.value.details
         assert await c.health() == "SERVING"
+
+
+@pytest.mark.parametrize(("error", "code", "attempts"), [
+    (IndexError("list index out of range"), grpc.StatusCode.INTERNAL, 1),  # a bug: once
+    (MemoryError(), grpc.StatusCode.UNAVAILABLE, 3),  # infrastructure: retried
+])
+async def test_an_engine_bug_is_internal_once_and_infrastructure_is_retried(error, code, attempts) -> None:
+    judge = FailingJudge(failures=100, error=error)
+    async with running_server(judge=judge) as r, r.client(max_retries=2, backoff_base_s=0.01) as c:
+        with pytest.raises(RewardCallError) as e:
+            await c.score([ITEM])
+    assert e.value.code is code and e.value.attempts == attempts
+    assert judge.calls == attempts  # no retry storm on a bug
+    assert type(error).__name__ in e.value.details
+
+
+async def _health_becomes(c, want: str, within_s: float) -> float:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while (status := await c.health(timeout_s=1.0)) != want:
+        assert loop.time() - start < within_s, f"health stayed {status}, wanted {want}"
+        await asyncio.sleep(0.02)
+    return loop.time() - start
+
+
+async def test_health_follows_the_engines() -> None:
+    judge = FakeJudge()
+    async with running_server(["server.health_poll_s=0.05"], judge=judge) as r, \
+            r.client(max_retries=0) as c:
+        assert await c.health() == "SERVING"
+        assert await c.health("reward.v1.RewardService") == "SERVING"
+        judge.fail_with = BackendUnavailable("every judge replica is gone")
+        await _health_becomes(c, "NOT_SERVING", within_s=1.0)
+        assert await c.health("reward.v1.RewardService") == "NOT_SERVING"
+        assert "every judge replica is gone" in r.app.server.monitor.down["judge"]
+        judge.fail_with = None
+        await _health_becomes(c, "SERVING", within_s=1.0)
+
+
+async def test_an_engine_failure_turns_health_at_once() -> None:
+    """Polling rarely (60 s): the failed call itself makes health look again."""
+    nli = FakeNLI()
+    async with running_server(["server.health_poll_s=60"], nli=nli) as r, \
+            r.client(max_retries=0) as c:
+        assert await c.health() == "SERVING"
+        nli.fail_with = ConnectionResetError("NLI replica connection lost")
+        with pytest.raises(RewardCallError) as e:
+            await c.score([d.ScoreItem("n", d.NliConstraintsSpec("Paris is big.", "Paris", "big"))])
+        assert e.value.code is grpc.StatusCode.UNAVAILABLE
+        await _health_becomes(c, "NOT_SERVING", within_s=0.5)

@@ -34,7 +34,7 @@ async def test_tls_round_trip_and_plaintext_refused(tmp_path) -> None:
             assert e.value.code is grpc.StatusCode.UNAVAILABLE
 
 
-def test_half_configured_tls_is_a_config_error(tmp_path) -> None:
+async def test_half_configured_tls_is_a_config_error(tmp_path) -> None:  # grpc.aio needs a loop
     from reward_server.backends.fake import FakeJudge, FakeNLI
     from reward_server.config import load_config
     from reward_server.errors import ConfigError

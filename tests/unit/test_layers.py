@@ -2,8 +2,8 @@
 statement, those inside functions too): no cycles, and each layer imports only the ones below.
 
 Layers, top to bottom: entry points (cli, app, eval) > config > transport (rpc) > orchestration
-(service) > hosting (serving) > science (rubric, nli) > engines (backends) > shared leaves
-(domain, errors, numerics, components, metrics).
+(service, validation, admission) > hosting (serving) > science (rubric, nli) > engines (backends)
+> shared leaves (domain, errors, numerics, components, metrics, cooperative).
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
         "reward_server.rpc", "reward_server.service", "reward_server.client",
     ),
-    "reward_server.service": (
+    **{orchestration: (
         "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
         "reward_server.rpc", "reward_server.client",
-    ),
+    ) for orchestration in ("reward_server.service", "reward_server.validation",
+                            "reward_server.admission")},
     "reward_server.rpc": (
         "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
         "reward_server.serving",
@@ -60,12 +61,19 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "reward_server.errors": ("reward_server.",),
     "reward_server.numerics": ("reward_server.",),
     "reward_server.metrics": ("reward_server.",),
+    "reward_server.cooperative": ("reward_server.",),
     "reward_server.components": tuple(
         p for p in ("reward_server.backends", "reward_server.rubric", "reward_server.nli",
                     "reward_server.serving", "reward_server.service", "reward_server.rpc",
                     "reward_server.config", "reward_server.app")
     ),
 }
+
+
+# the orchestration modules beside service are as far above the lower layers as service is
+for _layer in ("reward_server.backends", "reward_server.rubric", "reward_server.nli",
+               "reward_server.serving", "reward_server.client"):
+    FORBIDDEN[_layer] += ("reward_server.validation", "reward_server.admission")
 
 
 def modules() -> dict[str, Path]:

@@ -8,9 +8,11 @@ The service layer sees ordinary engines; Ray stays behind this module. Per call:
 - a replica that dies mid-call (``ActorDiedError`` and kin) is retried ``max_retries`` times
   (Serve routes the retry to a live replica), then :class:`BackendUnavailable`; so is a call
   that runs past ``call_timeout_s``;
-- an error the engine raised comes back as that error (not wrapped in Ray's RayTaskError);
-- a piece answered with the wrong number of results fails; results are never shifted onto
-  other items.
+- an error the engine raised comes back as our own error (not wrapped in Ray's RayTaskError):
+  ours as they were, out-of-memory and device failures as :class:`BackendUnavailable`, anything
+  else (a bug) as :class:`EngineError` (INTERNAL, not retried);
+- a piece answered with the wrong number of results fails (EngineError); results are never
+  shifted onto other items.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from ray.serve.handle import DeploymentHandle
 
 from reward_server import metrics
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt, NLIPair, NLIScore
-from reward_server.errors import BackendUnavailable, Overloaded, RewardServerError
+from reward_server.errors import (
+    BackendUnavailable,
+    EngineError,
+    Overloaded,
+    RewardServerError,
+    engine_failure,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -146,14 +154,14 @@ class HandleCaller:
                 if isinstance(cause, RewardServerError):
                     raise type(cause)(str(cause)) from e
                 if isinstance(cause, BaseException):
-                    raise cause from e
+                    raise engine_failure(cause, f"the {self._deployment} replica") from e
                 raise
             metrics.observe_engine_call(
                 self._deployment, method, "ok", time.monotonic() - start
             )
             if not isinstance(out, list) or len(out) != len(piece):
                 n = len(out) if isinstance(out, list) else type(out).__name__
-                raise BackendUnavailable(
+                raise EngineError(
                     f"the {self._deployment} deployment answered {n} results for "
                     f"{len(piece)} items; refusing to guess which result is whose"
                 )

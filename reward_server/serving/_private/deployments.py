@@ -27,7 +27,7 @@ from reward_server.backends.base import (
     NLIScore,
 )
 from reward_server.backends.settings import JudgeSettings, NLIEngineSettings
-from reward_server.errors import BackendUnavailable
+from reward_server.errors import BackendUnavailable, EngineError
 from reward_server.serving.engines import JudgeFactory, NLIFactory
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class _ReplicaBase:
             raise
         if len(out) != n:
             self._consecutive_failures += 1
-            raise BackendUnavailable(
+            raise EngineError(
                 f"{self.kind} engine returned {len(out)} results for {n} inputs in one batch; "
                 "the engine is broken (results cannot be matched to items)"
             )

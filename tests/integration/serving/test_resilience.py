@@ -175,3 +175,48 @@ async def test_replicas_scale_up_under_load_within_bounds_and_back_down(
     assert peak >= 2, "12 callers at target 2 per replica should add replicas"
     # load gone: back to min_replicas after downscale_delay_s (2 s) and draining
     assert await _wait_for(lambda: autoscaled.replica_counts("judge") == {"RUNNING": 1}, 60)
+
+
+# ------------------------------------------------------------------ errors and live health
+async def test_a_replica_bug_is_internal_once_and_losing_every_replica_turns_health(
+    ray_session: Any, kit: Any
+) -> None:
+    import grpc
+    from ray import serve
+
+    from reward_server import domain as d
+    from reward_server.app import start_app
+    from reward_server.backends.fake import FakeJudge
+    from reward_server.client import AsyncRewardClient, RewardCallError
+
+    config = kit.config("t-bug", ["engines.nli.kind=judge", "server.port=0",
+                                  "server.health_poll_s=0.1", "server.drain_delay_s=0"])
+
+    def buggy(settings: Any) -> FakeJudge:  # nested: pickled by value to the replica
+        judge = FakeJudge()
+        judge.fail_with = IndexError("list index out of range")
+        return judge
+
+    app = await start_app(config, judge_factory=buggy)
+    item = d.ScoreItem("a", d.RubricScoreSpec("c", "coffee", ('It says "coffee".',)))
+    try:
+        async with AsyncRewardClient(app.target, max_retries=3, backoff_base_s=0.01) as c:
+            assert await c.health() == "SERVING"
+            with pytest.raises(RewardCallError) as e:
+                await c.score([item])
+            assert e.value.code is grpc.StatusCode.INTERNAL and e.value.attempts == 1
+            assert "IndexError" in e.value.details
+            assert await c.health() == "SERVING"  # a bug is not an outage
+            serve.delete(app.engines.app_name("judge"))  # every judge replica is gone
+            assert await _wait_async(lambda: c.health(), "NOT_SERVING", timeout_s=10)
+    finally:
+        await app.stop(grace=1.0, drain_delay=0)
+
+
+async def _wait_async(probe: Any, want: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await probe() == want:
+            return True
+        await asyncio.sleep(0.1)
+    return False

@@ -3,7 +3,14 @@ import inspect
 import grpc
 
 from reward_server import errors
-from reward_server.rpc.status import STATUS_TABLE, message_for, status_for
+from reward_server.rpc.status import (
+    MAX_DETAILS_CHARS,
+    RETRY_PUSHBACK_KEY,
+    STATUS_TABLE,
+    message_for,
+    status_for,
+    trailers_for,
+)
 
 
 def _error_classes() -> list[type]:
@@ -27,6 +34,9 @@ def test_codes() -> None:
     assert status_for(errors.DeadlineExceeded("x")) is grpc.StatusCode.DEADLINE_EXCEEDED
     assert status_for(TimeoutError()) is grpc.StatusCode.DEADLINE_EXCEEDED
     assert status_for(KeyError("boom")) is grpc.StatusCode.INTERNAL
+    assert status_for(errors.EngineError("x")) is grpc.StatusCode.INTERNAL
+    assert status_for(MemoryError()) is grpc.StatusCode.UNAVAILABLE
+    assert status_for(ConnectionResetError()) is grpc.StatusCode.UNAVAILABLE
 
 
 def test_subclasses_inherit_their_parents_code() -> None:
@@ -42,3 +52,15 @@ def test_messages() -> None:
     )
     assert "see the server log" in message_for(ValueError("oops"))
     assert "deadline" in message_for(TimeoutError())
+    assert "see the server log" in message_for(errors.EngineError("judge failed: IndexError: x; see the server log"))
+
+
+def test_messages_are_clipped_to_fit_in_trailers() -> None:
+    text = message_for(errors.InvalidRequest("x" * 50_000))
+    assert len(text) <= MAX_DETAILS_CHARS and text.endswith("(50000 characters in all)")
+
+
+def test_overloaded_carries_the_retry_pushback() -> None:
+    assert trailers_for(errors.Overloaded("full", retry_after_s=0.2504)) == ((RETRY_PUSHBACK_KEY, "250"),)
+    assert trailers_for(errors.Overloaded("full")) == ()
+    assert trailers_for(errors.InvalidRequest("bad")) == ()

@@ -14,11 +14,14 @@ from reward_server.domain import (
     ParlVariant,
     RubricScoreSpec,
     ScoreItem,
+    WeightedPart,
+    WeightedSpec,
 )
 from reward_server.errors import InvalidRequest
-from reward_server.service import Limits, RewardService, ServiceSettings
+from reward_server.service import Limits, RewardService, ServiceSettings, weighted_mean
 
 RULE = 'The text uses the word "alpha".'
+NLI = NliConstraintsSpec("Paris is big.", "Paris", "big")
 
 
 def service(**kw: object) -> RewardService:
@@ -44,11 +47,63 @@ async def test_one_penalty_for_every_kind_of_malformed_policy_output() -> None:
 
 async def test_limits_come_from_the_service_settings() -> None:
     s = RewardService(judge=FakeJudge(), nli=FakeNLI(),
-                      settings=ServiceSettings(limits=Limits(max_batch_items=2, max_text_chars=10)))
+                      settings=ServiceSettings(limits=Limits(max_batch_items=2, max_text_bytes=10)))
     with pytest.raises(InvalidRequest, match=r"service\.limits\.max_batch_items=2"):
         await s.score([ScoreItem(str(i), RubricScoreSpec("c", "alpha", (RULE,))) for i in range(3)])
-    with pytest.raises(InvalidRequest, match=r"service\.limits\.max_text_chars=10"):
+    with pytest.raises(InvalidRequest, match=r"rules\[0\]: 11 bytes exceed service\.limits\.max_text_bytes=10"):
         await s.score([ScoreItem("a", RubricScoreSpec("c", "alpha", ("x" * 11,)))])
+    # bytes, not characters: 4 characters of 3 bytes each
+    with pytest.raises(InvalidRequest, match=r"12 bytes exceed"):
+        await s.score([ScoreItem("a", RubricScoreSpec("c", "alpha", ("\u20ac" * 4,)))])
+    assert (await s.score([ScoreItem("a", RubricScoreSpec("c", "alpha", ("\u20ac" * 3,)))]))[0]
+
+
+H = (HistoryItem("c", "alpha"),)
+CAPS = {
+    "max_id_bytes": (3, ScoreItem("abcd", RubricScoreSpec("c", "alpha", (RULE,))),
+                     r"items\[0\]\.id: 4 bytes exceed service\.limits\.max_id_bytes=3"),
+    "max_rules_per_item": (2, ScoreItem("a", RubricScoreSpec("c", "alpha", (RULE,) * 3)),
+                           r"rubric_score\.rules: 3 entries exceed service\.limits\.max_rules_per_item=2"),
+    "max_history_items": (1, ScoreItem("a", ParlRewardSpec(H * 2, "[]", H[0], ("b",), ParlVariant.PARL_A)),
+                          r"parl_reward\.history: 2 entries exceed service\.limits\.max_history_items=1"),
+    "max_baselines": (1, ScoreItem("a", ParlRewardSpec(H, "[]", H[0], ("b", "c"), ParlVariant.PARL_A)),
+                      r"parl_reward\.baselines: 2 entries exceed service\.limits\.max_baselines=1"),
+    "max_weighted_parts": (1, ScoreItem("a", WeightedSpec((WeightedPart(1.0, NLI),) * 2)),
+                           r"weighted\.parts: 2 entries exceed service\.limits\.max_weighted_parts=1"),
+    "max_judgments_per_request": (
+        3, ScoreItem("a", RubricScoreSpec("c", "alpha", (RULE,) * 4)),
+        r"items: needs about 4 judgments .*max_judgments_per_request=3"),
+}
+
+
+@pytest.mark.parametrize("cap", list(CAPS))
+async def test_each_cap_is_refused_naming_the_field_and_the_limit(cap: str) -> None:
+    limit, item, needle = CAPS[cap]
+    s = service(limits=Limits(**{cap: limit}))
+    with pytest.raises(InvalidRequest, match=needle):
+        await s.score([item])
+    assert len(await service().score([item])) == 1  # the default allows it
+
+
+async def test_messages_quote_a_bounded_excerpt_of_a_long_id() -> None:
+    long_id = "x" * 100_000
+    with pytest.raises(InvalidRequest) as e:
+        await service(limits=Limits(max_id_bytes=200_000)).score(
+            [ScoreItem(long_id, NLI), ScoreItem(long_id, NLI)])
+    assert "duplicate id" in str(e.value) and len(str(e.value)) < 300
+
+
+@pytest.mark.parametrize("weights", [(1e308, 1e308, 1e308), (1e308, 5e-324), (5e-324,), (0.0, 1e-300)])
+async def test_extreme_finite_weights_give_a_finite_weighted_reward(weights: tuple[float, ...]) -> None:
+    item = ScoreItem("w", WeightedSpec(tuple(WeightedPart(w, NLI) for w in weights)))
+    [r, alone] = await service().score([item, ScoreItem("alone", NLI)])
+    assert r.status is ItemStatus.OK and r.reward == pytest.approx(alone.reward)  # parts alike
+
+
+@pytest.mark.parametrize(("weights", "values", "mean"), [
+    ((1.0, 3.0), (0.0, 1.0), 0.75), ((1e308, 1e308), (2.0, 4.0), 3.0), ((2.0, 0.0), (5.0, 1e6), 5.0)])
+def test_weighted_mean(weights: tuple[float, ...], values: tuple[float, ...], mean: float) -> None:
+    assert weighted_mean(weights, values) == pytest.approx(mean)
 
 
 def test_info_reports_settings_components_and_fakes() -> None:
@@ -56,5 +111,9 @@ def test_info_reports_settings_components_and_fakes() -> None:
     assert info.fake_engines is True and info.settings["engines.fake"] == "true"
     assert info.settings["service.policy_invalid_penalty"] == "0.0"
     assert info.settings["service.limits.max_batch_items"] == "1024"
+    for name in Limits.model_fields:  # every limit is reported
+        assert info.settings[f"service.limits.{name}"] == str(getattr(Limits(), name))
+    assert info.settings["service.admission.enabled"] == "true"
+    assert int(info.settings["service.admission.max_judgments_in_flight"]) > 0
     assert {"rubric_score", "parl_reward", "nli_constraints", "weighted"} == set(info.components)
     assert not RewardService(judge=FakeJudge(), nli=FakeNLI()).info().fake_engines

@@ -11,6 +11,7 @@ from reward_server.backends.base import NLIPair
 from reward_server.backends.fake import FakeJudge, FakeNLI, fake_p_yes
 from reward_server.backends.settings import BatchingSettings
 from reward_server.domain import Task
+from reward_server.errors import BackendUnavailable, EngineError
 from reward_server.rubric.templates import judge_prompt
 from reward_server.serving.batching import BatchedJudge, BatchedNLI, Batcher
 
@@ -58,13 +59,22 @@ async def test_a_call_can_span_batches_and_share_them() -> None:
     assert max(len(s) for s in seen) <= 3
 
 
-async def test_failure_reaches_every_caller_of_the_batch() -> None:
+@pytest.mark.parametrize(("raised", "seen"), [
+    (IndexError("list index out of range"), EngineError),  # a bug: INTERNAL, not retried
+    (MemoryError(), BackendUnavailable),  # infrastructure: UNAVAILABLE, retried
+    (ConnectionResetError("peer gone"), BackendUnavailable),
+    (BackendUnavailable("replica gone"), BackendUnavailable),
+])
+async def test_failure_reaches_every_caller_of_the_batch_classified(
+    raised: Exception, seen: type[Exception]
+) -> None:
     async def boom(xs: Sequence[int]) -> list[int]:
-        raise RuntimeError("engine died")
+        raise raised
 
-    b: Batcher[int, int] = Batcher(boom, max_items=100, wait_s=0.01)
+    b: Batcher[int, int] = Batcher(boom, max_items=100, wait_s=0.01, name="judge")
     out = await asyncio.gather(b.submit([1]), b.submit([2]), return_exceptions=True)
-    assert all(isinstance(o, RuntimeError) for o in out)
+    assert all(type(o) is seen for o in out), out
+    assert all(o is raised or (o.__cause__ is raised and "judge engine" in str(o)) for o in out)
 
 
 async def test_wrong_result_count_is_an_error_not_a_shift() -> None:
@@ -72,7 +82,7 @@ async def test_wrong_result_count_is_an_error_not_a_shift() -> None:
         return list(xs)[:-1]
 
     b: Batcher[int, int] = Batcher(short, max_items=100, wait_s=0.0)
-    with pytest.raises(RuntimeError, match="2 results for 3 inputs"):
+    with pytest.raises(EngineError, match="2 results for 3 inputs"):
         await b.submit([1, 2, 3])
 
 

@@ -1,0 +1,755 @@
+"""Fault bench: the resource attacks of issue 11 against a real server on 127.0.0.1.
+
+    flock /tmp/cpu-heavy.lock python bench/faults.py          # ~3 minutes on 2 cores
+    python bench/faults.py --limit 1024 --seconds 2 --fuzz 200
+
+Each attack runs against a `reward-server serve` subprocess (fake engines that sleep
+``--engine-latency`` per batch, standing in for a GPU's forward pass), bounded in count and time;
+a baseline without attack is measured first, in the same run. A separate prober process asks
+grpc.health.v1 every 20 ms throughout, and a sampler reads the server's RSS every 20 ms. Prints
+one table (attack -> outcome, health latency during it, RSS before/peak/after, served and refused
+calls with latencies), then the issue's "Done when" checks against it.
+
+The admission limit is set explicitly (``--limit`` judgments, 512 by default: what this
+ingress, CPU-bound on 2 cores, answers near its unloaded latency; the server's default sizing,
+64 batches of every engine's batching.max_items, assumes GPU engines). The standard call is
+32 items x 4 rules = 128 judgments, so the limit holds ``limit / 128`` such calls at once.
+Overload clients honour the server's ``grpc-retry-pushback-ms`` before retrying (gRFC A6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+from _workload import pct
+
+from reward_server import domain as d
+from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.rpc import convert
+
+REPO = Path(__file__).resolve().parents[1]
+SCORE = "/reward.v1.RewardService/Score"
+TOKEN = "bench-token"
+PUSHBACK = "grpc-retry-pushback-ms"
+
+
+# ------------------------------------------------------------------ requests
+def rubric_request(n: int, rules: int, *, id_prefix: str = "i", text_len: int = 120,
+                   short_rules: bool = False) -> bytes:
+    rule_texts = [f'Says "w{k}" at least once.' if short_rules
+                  else f'The text mentions "word{k}" in a sentence of its own.' for k in range(rules)]
+    return pb.ScoreRequest(items=[
+        pb.ScoreItem(id=f"{id_prefix}{i}", rubric_score=pb.RubricScore(
+            context="ctx", text=f"word{i % 5} " + "x" * text_len, rules=rule_texts))
+        for i in range(n)
+    ]).SerializeToString()
+
+
+def fuzz_request(rng: random.Random) -> bytes:
+    """A random request of valid shape at the edges of the limits (some over them, on purpose)."""
+    def text(lo: int = 1) -> str:
+        alphabet = "abc XYZ é€😀\x00\n\t.!?\"'{}[]"
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(lo, 200)))
+
+    def leaf() -> d.LeafSpec:
+        k = rng.randrange(3)
+        if k == 0:
+            return d.RubricScoreSpec(text(0), text(), tuple(text() for _ in range(rng.randrange(1, 70))),
+                                     rng.choice(list(d.Task)), rng.choice([None, *d.RubricAggregate]))
+        if k == 1:
+            out = rng.choice([f'[{{"rule": "{text()}"}}]', "not json", "[]", text(),
+                              '[{"rule": "The text is long enough to pass."}] ' * rng.randrange(1, 12)])
+            return d.ParlRewardSpec(tuple(d.HistoryItem(text(0), text()) for _ in range(rng.randrange(1, 66))),
+                                    out, d.HistoryItem(text(0), text()),
+                                    tuple(text() for _ in range(rng.randrange(0, 18))),
+                                    rng.choice(list(d.ParlVariant)), rng.choice(list(d.Task)))
+        return d.NliConstraintsSpec(text(0), text(), text(), rng.choice([None, *d.NliRewardFunction]))
+
+    weights = [0.0, 5e-324, 1e-300, 1.0, 1e300, 1e308, rng.random()]
+    items = []
+    for i in range(rng.randrange(1, 9)):
+        spec: d.ItemSpec = leaf()
+        if rng.random() < 0.3:
+            spec = d.WeightedSpec(tuple(d.WeightedPart(rng.choice(weights), leaf())
+                                        for _ in range(rng.randrange(1, 10))))
+        item_id = rng.choice([f"u{i}", "é" * rng.randrange(1, 130), ""])
+        items.append(convert.item_to_proto(d.ScoreItem(item_id, spec)))
+    return pb.ScoreRequest(items=items).SerializeToString()
+
+
+# ------------------------------------------------------------------ the server and samplers
+class Server:
+    """`reward-server serve` in a subprocess, with its RSS sampled every 20 ms."""
+
+    def __init__(self, overrides: list[str], engine_latency: float) -> None:
+        engines = (f"engines={{judge: {{kind: fake, latency_s: {engine_latency}}}, "
+                   f"nli: {{kind: fake, latency_s: {engine_latency}}}}}")
+        self.metrics_port = free_port()
+        cmd = [sys.executable, "-m", "reward_server", "serve", "--port", "0", "--set", engines,
+               "--set", f"server.metrics_port={self.metrics_port}"]
+        for o in overrides:
+            cmd += ["--set", o]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REWARD_SERVER")}
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            raise SystemExit(f"server did not start: {line!r}")
+        self.port = int(line.strip().rsplit(":", 1)[1])
+        self.target = f"127.0.0.1:{self.port}"
+        self.rss: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+        self.health = HealthProber(self.target)
+
+    def _sample(self) -> None:
+        path = f"/proc/{self.proc.pid}/status"
+        while not self._stop.is_set():
+            try:
+                with open(path) as fh:
+                    kb = next(int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS:"))
+                self.rss.append((time.monotonic(), kb / 1024))
+            except (OSError, StopIteration):
+                return
+            time.sleep(0.02)
+
+    def rss_now(self) -> float:
+        return self.rss[-1][1] if self.rss else float("nan")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
+        self.health.stop()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._stop.set()
+        return rc
+
+
+def free_port() -> int:
+    with socket.socket() as k:
+        k.bind(("127.0.0.1", 0))
+        return int(k.getsockname()[1])
+
+
+def server_latency(metrics_port: int, code: str) -> dict[float, float]:
+    """Cumulative counts of the server's own Score latency histogram for ``code`` (le -> n)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith("reward_server_rpc_latency_seconds_bucket{") and 'rpc="Score"' in line \
+                and f'code="{code}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def refusal_stages(metrics_port: int) -> collections.Counter[str]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    out: collections.Counter[str] = collections.Counter()
+    for line in text.splitlines():
+        if line.startswith("reward_server_admission_refused_total{"):
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def bucket_p99(before: dict[float, float], after: dict[float, float]) -> str:
+    """The histogram bucket holding the 99th percentile of what was observed in between."""
+    delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return "-"
+    for le in sorted(delta):
+        if delta[le] >= 0.99 * total:
+            return f"<= {le * 1000:g} ms" if le != float("inf") else "> largest bucket"
+    return "-"
+
+
+class HealthProber:
+    """`faults.py --probe TARGET` in a subprocess: one health check every 20 ms, timestamped."""
+
+    def __init__(self, target: str) -> None:
+        self.samples: list[tuple[float, float, str]] = []  # (sent at, latency s, status)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--probe", target],
+                                     stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            t, lat, status = line.split()
+            self.samples.append((float(t), float(lat), status))
+
+    def between(self, t0: float, t1: float) -> list[float]:
+        return [lat for t, lat, _ in self.samples if t0 <= t <= t1]
+
+    def statuses(self, t0: float, t1: float) -> collections.Counter[str]:
+        return collections.Counter(st for t, _, st in self.samples if t0 <= t <= t1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+
+def probe_main(target: str) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = grpc.insecure_channel(target)
+    stub = health_pb2_grpc.HealthStub(channel)
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name
+    while True:
+        t = time.monotonic()
+        try:
+            status = name(stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status)
+        except grpc.RpcError as e:
+            status = e.code().name
+        print(f"{t:.6f} {time.monotonic() - t:.6f} {status}", flush=True)
+        time.sleep(max(0.0, 0.02 - (time.monotonic() - t)))
+
+
+# ------------------------------------------------------------------ phases and the table
+@dataclass
+class Phase:
+    name: str
+    outcome: str = ""
+    served: list[float] = field(default_factory=list)
+    refused: list[float] = field(default_factory=list)
+    codes: collections.Counter[str] = field(default_factory=collections.Counter)
+    health: list[float] = field(default_factory=list)
+    health_status: collections.Counter[str] = field(default_factory=collections.Counter)
+    rss: tuple[float, float, float] | None = None
+    no_health: str = "no check in this short phase"
+    server_refusal_p99: str = "-"
+
+
+ROWS: list[Phase] = []
+
+
+@contextlib.asynccontextmanager
+async def phase(server: Server, name: str, settle_s: float = 0.5) -> AsyncIterator[Phase]:
+    p = Phase(name)
+    await asyncio.sleep(0.2)
+    before, t0 = server.rss_now(), time.monotonic()
+    yield p
+    t1 = time.monotonic()
+    await asyncio.sleep(settle_s)
+    peak = max((mb for t, mb in server.rss if t0 <= t <= t1 + settle_s), default=before)
+    p.rss = (before, peak, server.rss_now())
+    p.health = server.health.between(t0, t1)
+    p.health_status = server.health.statuses(t0, t1)
+    ROWS.append(p)
+    print(f"  {name}: {p.outcome}", flush=True)
+
+
+def ms(xs: list[float], q: float) -> str:
+    return f"{pct(xs, q) * 1000:.1f}" if xs else "-"
+
+
+def print_table() -> None:
+    print()
+    print("| attack | outcome | health p50 / p99 / max ms (n) | RSS MB before / peak / after "
+          "| served n, p50 / p99 ms | refused n, p50 / p99 ms |")
+    print("|---|---|---|---|---|---|")
+    for p in ROWS:
+        other = {k: v for k, v in p.health_status.items() if k != "SERVING"}
+        h = (f"{ms(p.health, .5)} / {ms(p.health, .99)} / {ms(p.health, 1.0)} ({len(p.health)}"
+             + (f"; {other}" if other else "") + ")") if p.health else p.no_health
+        r = "{:.0f} / {:.0f} / {:.0f}".format(*p.rss) if p.rss else "n/a"
+        s = f"{len(p.served)}, {ms(p.served, .5)} / {ms(p.served, .99)}"
+        f = f"{len(p.refused)}, {ms(p.refused, .5)} / {ms(p.refused, .99)}"
+        print(f"| {p.name} | {p.outcome} | {h} | {r} | {s} | {f} |")
+
+
+# ------------------------------------------------------------------ clients
+class Caller:
+    """Raw-bytes Score calls over a few channels (no client-side conversion in the timing)."""
+
+    def __init__(self, target: str, *, token: str | None = TOKEN, channels: int = 8) -> None:
+        opts = [("grpc.max_receive_message_length", 1 << 28), ("grpc.max_send_message_length", 1 << 28)]
+        self._channels = [grpc.aio.insecure_channel(target, options=opts) for _ in range(channels)]
+        self._calls = [ch.unary_unary(SCORE) for ch in self._channels]
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._next = 0
+
+    async def score(self, raw: bytes, timeout_s: float = 60) -> tuple[float, str, float | None]:
+        """(latency s, code name, pushback s)."""
+        call = self._calls[self._next % len(self._calls)]
+        self._next += 1
+        t = time.perf_counter()
+        try:
+            await call(raw, timeout=timeout_s, metadata=self._metadata)
+            return time.perf_counter() - t, "OK", None
+        except grpc.aio.AioRpcError as e:
+            lat = time.perf_counter() - t
+            meta = dict(e.trailing_metadata() or ())
+            push = meta.get(PUSHBACK)
+            return lat, e.code().name, (int(push) / 1000 if push is not None else None)
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()
+
+
+async def closed_loop(caller: Caller, raw: bytes, loops: int, seconds: float, p: Phase,
+                      *, until: Callable[[], bool] | None = None, unavailable_wait_s: float = 0.05) -> None:
+    """``loops`` clients calling back to back for ``seconds``; a refusal waits its pushback
+    (gRFC A6), UNAVAILABLE waits ``unavailable_wait_s``."""
+    end = time.monotonic() + seconds
+
+    async def one() -> None:
+        while time.monotonic() < end and not (until and until()):
+            lat, code, push = await caller.score(raw)
+            p.codes[code] += 1
+            if code == "OK":
+                p.served.append(lat)
+            elif code == "RESOURCE_EXHAUSTED":
+                p.refused.append(lat)
+                await asyncio.sleep(push if push is not None else 0.1)
+            elif code == "UNAVAILABLE":
+                await asyncio.sleep(unavailable_wait_s)
+
+    await asyncio.gather(*(one() for _ in range(loops)))
+
+
+class RawConn:
+    """One HTTP/2 connection made by hand (h2), for calls no gRPC client makes."""
+
+    def __init__(self, port: int, *, window: int | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        if window is not None:
+            self.h2.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        self.h2.initiate_connection()
+        self.sock.sendall(self.h2.data_to_send())
+        self.statuses: dict[int, int] = {}
+
+    def headers(self, *, token: bool) -> int:
+        sid = self.h2.get_next_available_stream_id()
+        hdrs = [(":method", "POST"), (":scheme", "http"), (":path", SCORE), (":authority", "x"),
+                ("content-type", "application/grpc"), ("te", "trailers")]
+        if token:
+            hdrs.append(("authorization", f"Bearer {TOKEN}"))
+        self.h2.send_headers(sid, hdrs)
+        self.sock.sendall(self.h2.data_to_send())
+        return sid
+
+    def send_body(self, sid: int, body: bytes, *, end: bool) -> None:
+        """Send ``body`` as flow control allows, reading the server's frames meanwhile."""
+        view = memoryview(body)
+        while view:
+            room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
+            if room <= 0:
+                self.pump(1.0)
+                continue
+            self.h2.send_data(sid, bytes(view[:room]))
+            view = view[room:]
+            self.sock.sendall(self.h2.data_to_send())
+        if end:
+            self.h2.end_stream(sid)
+            self.sock.sendall(self.h2.data_to_send())
+
+    def pump(self, timeout_s: float) -> bool:
+        """Read and handle what arrives within ``timeout_s``; False once the peer closed."""
+        self.sock.settimeout(timeout_s)
+        try:
+            data = self.sock.recv(1 << 20)
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        for ev in self.h2.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                hd = dict(ev.headers)
+                if b"grpc-status" in hd:
+                    self.statuses[ev.stream_id] = int(hd[b"grpc-status"])
+        out = self.h2.data_to_send()
+        if out:
+            self.sock.sendall(out)
+        return True
+
+    def peer_closed(self) -> bool:
+        """Whether the server closed the connection, without reading from it."""
+        poll = select.poll()
+        poll.register(self.sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+        return bool(poll.poll(0))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+# ------------------------------------------------------------------ attacks
+async def baseline(s: Server, caller: Caller, std: bytes, args: argparse.Namespace) -> tuple[float, float]:
+    async with phase(s, "baseline: one call at a time (no attack)") as p:
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:
+            lat, code, _ = await caller.score(std)
+            p.codes[code] += 1
+            p.served.append(lat)
+        p.outcome = f"{dict(p.codes)}"
+    unloaded = pct(p.served, .99)
+    loops = args.limit // 128
+    async with phase(s, f"baseline: load at the admission limit ({loops} x 128 judgments)") as p:
+        await closed_loop(caller, std, loops, args.seconds, p)
+        p.outcome = f"{dict(p.codes)}"
+    return unloaded, pct(p.served, .99)
+
+
+async def statuses(conns: list[RawConn], calls: list[tuple[RawConn, int]], t0: float,
+                   limit_s: float) -> dict[tuple[RawConn, int], float]:
+    """When (seconds after ``t0``) each call's grpc-status arrived, within ``limit_s``."""
+    seen: dict[tuple[RawConn, int], float] = {}
+    by_sock = {c.sock: c for c in conns}
+    while len(seen) < len(calls) and time.monotonic() - t0 < limit_s:
+        ready, _, _ = await asyncio.to_thread(select.select, list(by_sock), [], [], 0.01)
+        for k in ready:
+            by_sock[k].pump(0.001)
+        now = time.monotonic() - t0
+        seen.update({call: now for call in calls if call not in seen and call[1] in call[0].statuses})
+    return seen
+
+
+async def half_open(s: Server, args: argparse.Namespace, std: bytes) -> None:
+    async with phase(s, "1a. 64 half-open Score calls, no token (max_concurrent_rpcs=8)") as p:
+        conns = [RawConn(s.port) for _ in range(8)]
+        t0 = time.monotonic()
+        calls = [(c, c.headers(token=False)) for c in conns for _ in range(8)]
+        caller = Caller(s.target)
+        served = asyncio.create_task(closed_loop(caller, std, 2, args.seconds, p))
+        seen = await statuses(conns, calls, t0, args.seconds)
+        await served
+        codes = collections.Counter(c.statuses.get(sid) for c, sid in calls)
+        p.outcome = (f"{codes.get(16, 0)}/64 UNAUTHENTICATED, {codes.get(8, 0)} RESOURCE_EXHAUSTED "
+                     f"(grpc's cap), all answered within {max(seen.values(), default=float('nan')) * 1000:.0f} "
+                     f"ms; authenticated calls meanwhile {dict(p.codes)}")
+        for c in conns:
+            c.close()
+        await caller.close()
+
+
+async def half_open_authenticated(s: Server, args: argparse.Namespace, std: bytes) -> None:
+    async with phase(s, f"1b. 64 half-open authenticated calls (receive_timeout_s={args.receive_timeout})") as p:
+        conns = [RawConn(s.port) for _ in range(8)]
+        t0 = time.monotonic()
+        calls = []
+        for c in conns:
+            for _ in range(8):
+                sid = c.headers(token=True)
+                c.send_body(sid, b"\x00\x00\x00\x10\x00", end=False)  # 1 byte of 16, never more
+                calls.append((c, sid))
+        caller = Caller(s.target)
+        served = asyncio.create_task(closed_loop(caller, std, 2, args.receive_timeout + 1, p))
+        seen = await statuses(conns, calls, t0, args.receive_timeout + 5)
+        await served
+        codes = collections.Counter(c.statuses.get(sid) for c, sid in calls)
+        p.outcome = (f"{codes.get(4, 0)}/64 DEADLINE_EXCEEDED after {min(seen.values(), default=0):.2f}-"
+                     f"{max(seen.values(), default=0):.2f} s; other calls meanwhile {dict(p.codes)}")
+        for c in conns:
+            c.close()
+        await caller.close()
+
+
+async def half_preface(s: Server, args: argparse.Namespace) -> None:
+    async with phase(s, f"1c. 100 half-finished HTTP/2 prefaces (handshake_timeout_s={args.handshake_timeout})") as p:
+        socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(100)]
+        t0 = time.monotonic()
+        for k in socks:
+            k.sendall(b"PRI * HTTP/2.0\r\n")  # 16 of the preface's 24 bytes, then nothing
+
+        def wait_closed(k: socket.socket) -> float:
+            k.settimeout(args.handshake_timeout + 5)
+            with contextlib.suppress(OSError):
+                while k.recv(65536):
+                    pass
+            return time.monotonic() - t0
+
+        closed = await asyncio.gather(*(asyncio.to_thread(wait_closed, k) for k in socks))
+        p.outcome = f"server closed all 100 after {min(closed):.2f}-{max(closed):.2f} s"
+        for k in socks:
+            k.close()
+
+
+async def non_reading(s: Server, args: argparse.Namespace) -> None:
+    cases = [("4 MB item ids (as reported)", pb.ScoreRequest(items=[pb.ScoreItem(
+                 id="x" * (4 << 20), nli_constraints=pb.NliConstraints(response="r", answer="a", preference="p"))])
+              .SerializeToString()),
+             ("1,024-item calls, responses never read", rubric_request(1024, 2))]
+    for label, body in cases:
+        async with phase(s, f"2. 30 non-reading clients, zero HTTP/2 window: {label}", settle_s=3.0) as p:
+            conns = [RawConn(s.port, window=0) for _ in range(30)]
+            frame = b"\x00" + len(body).to_bytes(4, "big") + body
+            for c in conns:
+                sid = c.headers(token=True)
+                await asyncio.to_thread(c.send_body, sid, frame, end=True)
+            # ... and never read again; the server's keepalive ping goes unanswered
+            t0 = time.monotonic()
+            closed_at: dict[int, float] = {}
+            while len(closed_at) < len(conns) and time.monotonic() - t0 < args.keepalive * 3 + 10:
+                await asyncio.sleep(0.25)
+                for i, c in enumerate(conns):
+                    if i not in closed_at and c.peer_closed():
+                        closed_at[i] = time.monotonic() - t0
+            last = max(closed_at.values(), default=float("nan"))
+            p.outcome = (f"server closed {len(closed_at)}/30 connections (keepalive) after "
+                         f"{last:.1f} s; request {len(body) / 1e6:.1f} MB each")
+            for c in conns:
+                c.close()
+
+
+async def big_requests(s: Server, caller: Caller) -> None:
+    cases = [("3a. maximum valid request: 1,024 items x 64 rules (65,536 judgments)", rubric_request(1024, 64)),
+             ("3b. as reported: 1,024 items x 1,800 rules",
+              rubric_request(1024, 1800, text_len=10, short_rules=True)),
+             ("3c. one item of 100,000 rules", rubric_request(1, 100_000, text_len=10, short_rules=True)),
+             ("3d. one PARL item of 200,000 history items", pb.ScoreRequest(items=[pb.ScoreItem(
+                 id="h", parl_reward=pb.ParlReward(history=[pb.HistoryItem(text="t")] * 200_000,
+                                                   policy_output="[]", target=pb.HistoryItem(text="t"),
+                                                   baselines=["b"], variant=pb.PARL_VARIANT_A))]).SerializeToString())]
+    for label, body in cases:
+        async with phase(s, label + " (x3)") as p:
+            for _ in range(3):
+                lat, code, _ = await caller.score(body, timeout_s=120)
+                p.codes[code] += 1
+                (p.served if code == "OK" else p.refused).append(lat)
+            p.outcome = f"{dict(p.codes)} in {ms(p.served + p.refused, 1.0)} ms at most ({len(body) / 1e6:.1f} MB)"
+
+
+async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespace) -> Phase:
+    out = None
+    for factor in (2, 8):
+        loops = factor * args.limit // 128
+        async with phase(s, f"4. {factor}x overload: {loops} x 128 judgments vs limit {args.limit}") as p:
+            before = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
+            stages = await asyncio.to_thread(refusal_stages, s.metrics_port)
+            await closed_loop(caller, std, loops, args.seconds, p)
+            after = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
+            stages = await asyncio.to_thread(refusal_stages, s.metrics_port) - stages
+            p.server_refusal_p99 = bucket_p99(before, after)
+            p.outcome = (f"{dict(p.codes)}; refused {dict(stages)}; server-side refusal p99 "
+                         f"{p.server_refusal_p99}")
+        out = out or p
+    assert out is not None
+    return out
+
+
+async def fuzz(s: Server, caller: Caller, n: int) -> collections.Counter[str]:
+    rng = random.Random(11)
+    async with phase(s, f"6. {n} random requests at the limits' edges (fuzz; refusals for load retried)") as p:
+        sem = asyncio.Semaphore(4)
+
+        async def one(body: bytes) -> None:
+            async with sem:
+                for _ in range(50):  # a refusal for load is no verdict on the request: retry
+                    lat, code, push = await caller.score(body)
+                    if code != "RESOURCE_EXHAUSTED" or push is None:
+                        break
+                    await asyncio.sleep(push)
+                p.codes[code] += 1
+                (p.served if code == "OK" else p.refused).append(lat)
+
+        await asyncio.gather(*(one(fuzz_request(rng)) for _ in range(n)))
+        p.outcome = f"{dict(p.codes)}"
+    return p.codes
+
+
+async def codes(s: Server, caller: Caller) -> None:
+    async with phase(s, "7. wrong codes: malformed body, 12k-char id, reserved id, 1e308 weights") as p:
+        got = []
+        for label, body in [
+            ("malformed", b"\xff\xff\xff"),
+            ("12k id", pb.ScoreRequest(items=[pb.ScoreItem(id="u" * 12_000, nli_constraints=pb.NliConstraints(
+                response="r", answer="a", preference="p"))]).SerializeToString()),
+            ("'#1' id", pb.ScoreRequest(items=[pb.ScoreItem(id="#1", nli_constraints=pb.NliConstraints(
+                response="r", answer="a", preference="p")), pb.ScoreItem(nli_constraints=pb.NliConstraints(
+                    response="r", answer="a", preference="p"))]).SerializeToString()),
+            ("1e308", pb.ScoreRequest(items=[pb.ScoreItem(id="w", weighted=pb.WeightedCombination(parts=[
+                pb.WeightedPart(weight=1e308, nli_constraints=pb.NliConstraints(
+                    response="Paris is big.", answer="Paris", preference="big"))] * 3))]).SerializeToString()),
+        ]:
+            _lat, code, _ = await caller.score(body)
+            got.append(f"{label}: {code}")
+            p.codes[code] += 1
+        p.outcome = "; ".join(got)
+
+
+async def engine_bug_and_health(args: argparse.Namespace) -> None:
+    """In this process: a fake judge with a bug, then one made to fail and recover."""
+    from reward_server.app import start_app
+    from reward_server.backends.fake import FakeJudge, FakeNLI
+    from reward_server.client import AsyncRewardClient, RewardCallError
+    from reward_server.config import load_config
+    from reward_server.errors import BackendUnavailable
+
+    config = load_config(overrides=["server.port=0", "server.drain_delay_s=0", "server.health_poll_s=0.2",
+                                    "engines={judge: {kind: fake}, nli: {kind: fake}}"], env={})
+    judge = FakeJudge()
+    app = await start_app(config, judge_factory=lambda _s: judge, nli_factory=lambda _s: FakeNLI())
+    p = Phase("7/8. engine IndexError; every replica down, then back (in-process server)",
+              no_health="n/a (in process)")
+    item = d.ScoreItem("a", d.RubricScoreSpec("c", "coffee", ('It says "coffee".',)))
+    async with AsyncRewardClient(app.target, max_retries=3, backoff_base_s=0.01) as c:
+        judge.fail_with = IndexError("list index out of range")
+        try:
+            await c.score([item])
+            bug = "OK?"
+        except RewardCallError as e:
+            bug = f"{e.code.name} after {e.attempts} attempt(s)"
+        judge.fail_with = BackendUnavailable("no live judge replica")
+        t0 = time.monotonic()
+        while await c.health() != "NOT_SERVING":
+            await asyncio.sleep(0.01)
+        down = time.monotonic() - t0
+        judge.fail_with = None
+        t0 = time.monotonic()
+        while await c.health() != "SERVING":
+            await asyncio.sleep(0.01)
+        up = time.monotonic() - t0
+    await app.stop(grace=1, drain_delay=0)
+    p.outcome = (f"IndexError -> {bug}; NOT_SERVING {down * 1000:.0f} ms after the engine went down, "
+                 f"SERVING {up * 1000:.0f} ms after it came back (health_poll_s=0.2)")
+    ROWS.append(p)
+    print(f"  {p.name}: {p.outcome}", flush=True)
+
+
+async def drain(args: argparse.Namespace) -> tuple[int, int]:
+    s = Server(["server.grace_period_s=30", "server.drain_delay_s=2"], args.engine_latency)
+    caller = Caller(s.target, token=None)
+    body = rubric_request(128, 1)
+    p = Phase("5. SIGTERM under load: 32 concurrent x 128 items, grace 30 s, drain_delay 2 s")
+    t0 = time.monotonic()
+    before = s.rss_now()
+    load = asyncio.create_task(closed_loop(caller, body, 32, 60, p, until=lambda: s.proc.poll() is not None))
+    await asyncio.sleep(1.5)
+    t_term = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    rc = await asyncio.to_thread(s.proc.wait, 60)
+    took = time.monotonic() - t_term
+    await load
+    p.health = s.health.between(t0, t_term + took)
+    p.health_status = s.health.statuses(t0, t_term + took)
+    p.rss = (before, max(mb for _, mb in s.rss), s.rss[-1][1])
+    s.stop()
+    await caller.close()
+    p.outcome = f"exit {rc} {took:.1f} s after SIGTERM; calls {dict(p.codes)}"
+    ROWS.append(p)
+    print(f"  {p.name}: {p.outcome}", flush=True)
+    return rc, p.codes.get("CANCELLED", 0)
+
+
+# ------------------------------------------------------------------ main
+async def run(args: argparse.Namespace) -> None:
+    common = [f"service.admission.max_judgments_in_flight={args.limit}",
+              f"server.receive_timeout_s={args.receive_timeout}",
+              f"server.handshake_timeout_s={args.handshake_timeout}",
+              f"server.keepalive_time_s={args.keepalive}", "server.keepalive_timeout_s=1",
+              f"server.auth_token={TOKEN}", "server.drain_delay_s=0"]
+    std = rubric_request(32, 4)
+
+    if args.only == "overload":  # a quick look while tuning (not the report)
+        s = Server(common, args.engine_latency)
+        caller = Caller(s.target)
+        await baseline(s, caller, std, args)
+        await overload(s, caller, std, args)
+        await caller.close()
+        s.stop()
+        print_table()
+        return
+
+    print("server 1 (token, grpc's max_concurrent_rpcs=8, as reported): half-open attacks", flush=True)
+    s = Server([*common, "server.max_concurrent_rpcs=8"], args.engine_latency)
+    await half_open(s, args, std)
+    s.stop()
+
+    print("server 2 (token): baseline, half-open, non-reading clients, big requests, overload, "
+          "fuzz, codes", flush=True)
+    s = Server(common, args.engine_latency)
+    caller = Caller(s.target)
+    unloaded_p99, at_limit_p99 = await baseline(s, caller, std, args)
+    await half_open_authenticated(s, args, std)
+    await half_preface(s, args)
+    await non_reading(s, args)
+    await big_requests(s, caller)
+    two_x = await overload(s, caller, std, args)
+    fuzz_codes = await fuzz(s, caller, args.fuzz)
+    await codes(s, caller)
+    await caller.close()
+    s.stop()
+
+    await engine_bug_and_health(args)
+    print("server 3 (defaults): drain under load", flush=True)
+    rc, cancelled = await drain(args)
+
+    print_table()
+    health_p99 = max((pct(p.health, .99) for p in ROWS if p.health), default=float("nan"))
+    worst = max((p for p in ROWS if p.health), key=lambda p: pct(p.health, .99))
+    nonreading = [p for p in ROWS if p.name.startswith("2.")]
+    print()
+    print("Done when (issue 11), from this run:")
+    print(f"- health p99 under every attack: worst {health_p99 * 1000:.1f} ms ({worst.name}); target <= 100 ms")
+    print(f"- 2x overload: refusal p99 {ms(two_x.refused, .99)} ms as the client saw it, "
+          f"{two_x.server_refusal_p99} in the server (target <= 10); admitted p99 "
+          f"{ms(two_x.served, .99)} ms = {pct(two_x.served, .99) / unloaded_p99:.2f}x the unloaded p99 "
+          f"({unloaded_p99 * 1000:.1f} ms; target <= 2x), {pct(two_x.served, .99) / at_limit_p99:.2f}x the "
+          f"p99 at the limit ({at_limit_p99 * 1000:.1f} ms)")
+    for p in nonreading:
+        print(f"- RSS with 30 non-reading clients ({p.name[2:].split(': ', 1)[1]}): "
+              f"{p.rss[0]:.0f} -> peak {p.rss[1]:.0f} -> {p.rss[2]:.0f} MB (+{p.rss[1] - p.rss[0]:.0f} MB)")
+    print(f"- drain: {cancelled} CANCELLED, exit code {rc}")
+    print(f"- INTERNAL from the fuzzed requests: {fuzz_codes.get('INTERNAL', 0)} "
+          f"(of {sum(fuzz_codes.values())}: {dict(fuzz_codes)})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--probe", help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=int, default=512, help="service.admission.max_judgments_in_flight")
+    ap.add_argument("--engine-latency", type=float, default=0.02, help="fake engines' sleep per batch (s)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each load phase")
+    ap.add_argument("--receive-timeout", type=float, default=2.0)
+    ap.add_argument("--handshake-timeout", type=float, default=2.0)
+    ap.add_argument("--keepalive", type=float, default=2.0, help="server.keepalive_time_s")
+    ap.add_argument("--fuzz", type=int, default=400, help="random requests")
+    ap.add_argument("--timeout", type=float, default=600, help="give up after this long")
+    ap.add_argument("--only", choices=["overload"], help="run only the baselines and the overload")
+    args = ap.parse_args()
+    if args.probe:
+        with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+            probe_main(args.probe)
+        return
+    asyncio.run(asyncio.wait_for(run(args), args.timeout))
+
+
+if __name__ == "__main__":
+    main()

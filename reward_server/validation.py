@@ -1,0 +1,232 @@
+"""Request limits and semantic validation: what one request may carry, and what it will cost.
+
+Every cap is checked before any message is built from the offending value, and messages quote
+callers' values only through :func:`reward_server.errors.quote` (a bounded excerpt), so an error
+can never grow past the size of gRPC trailers. :meth:`Validator.items` works through a batch
+item by item with :func:`reward_server.cooperative.turn` between items, so validating the
+largest request allowed never holds the event loop for long.
+
+The cost of a request is counted in *judgments*: the judge prompts and NLI pairs it will send to
+the engines, estimated from its shape (an upper bound where the shape leaves it open, e.g. PARL
+counts ``rubric.max_rules`` rules). Admission control (:mod:`reward_server.admission`) counts
+the same unit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reward_server import cooperative
+from reward_server import domain as d
+from reward_server.errors import InvalidRequest, quote
+from reward_server.nli.settings import NLISettings
+from reward_server.rubric.settings import RubricSettings
+
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+
+
+class Limits(BaseModel):
+    """What one request may carry; more is refused with INVALID_ARGUMENT naming the field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_batch_items: int = Field(1024, ge=1, description="Most items one Score call may carry.")
+    max_text_bytes: int = Field(
+        32768, ge=1, description="Longest text field (UTF-8 bytes) a request may carry; a "
+        "longer policy output (text, policy_output, response) is POLICY_INVALID instead."
+    )
+    max_id_bytes: int = Field(256, ge=1, description="Longest item id (UTF-8 bytes).")
+    max_rules_per_item: int = Field(64, ge=1, description="Most rules of one rubric_score item.")
+    max_history_items: int = Field(
+        64, ge=1, description="Most history items of one parl_reward item or InduceRubrics call "
+        "(only the last rubric.history_limit are judged)."
+    )
+    max_baselines: int = Field(16, ge=1, description="Most baselines of one parl_reward item.")
+    max_weighted_parts: int = Field(8, ge=1, description="Most parts of one weighted item.")
+    max_item_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="Largest encoded ScoreItem (bytes on the wire); "
+        "checked before the item is parsed."
+    )
+    max_judgments_per_request: int = Field(
+        65536, ge=1, description="Most judgments (judge prompts plus NLI pairs, estimated from "
+        "the request's shape) one call may need."
+    )
+
+
+def utf8_len(value: str, limit: int) -> int:
+    """The UTF-8 length of ``value``, or any number above ``limit`` once it is known to be over
+    (without encoding long strings when the character count already decides)."""
+    n = len(value)
+    if value.isascii() or n > limit:
+        return n
+    return n if n * 4 <= limit else len(value.encode("utf-8"))
+
+
+def _sentences(text: str) -> int:
+    return max(1, len(_SENTENCE_END.findall(text)))
+
+
+class Validator:
+    """Checks requests against :class:`Limits` and estimates their judgments."""
+
+    def __init__(self, limits: Limits, rubric: RubricSettings, nlicv: NLISettings) -> None:
+        self.limits = limits
+        self._rubric = rubric
+        self._nlicv = nlicv
+
+    # ------------------------------------------------------------------ pieces
+    def text(self, value: str, where: str, *, required: bool = True) -> None:
+        limit = self.limits.max_text_bytes
+        n = utf8_len(value, limit)
+        if n > limit:
+            raise InvalidRequest(
+                f"{where}: {n} bytes exceed service.limits.max_text_bytes={limit}"
+            )
+        if required and not value.strip():
+            raise InvalidRequest(f"{where}: must not be empty")
+
+    def policy_text_problem(self, value: str, field: str) -> str | None:
+        """Why a policy output is unusable (empty or too long), else None."""
+        if not value.strip():
+            return f"{field} is empty"
+        limit = self.limits.max_text_bytes
+        n = utf8_len(value, limit)
+        return f"{field} has {n} bytes, over {limit}" if n > limit else None
+
+    def count(self, n: int, name: str, where: str) -> None:
+        """Refuse ``n`` entries at ``where`` if over the limit called ``name``."""
+        limit: int = getattr(self.limits, name)
+        if n > limit:
+            raise InvalidRequest(
+                f"{where}: {n} entries exceed service.limits.{name}={limit}; send fewer"
+            )
+
+    def history(self, items: Sequence[d.HistoryItem], where: str) -> None:
+        if not items:
+            raise InvalidRequest(f"{where}: needs at least one (context, text) item")
+        self.count(len(items), "max_history_items", where)
+        for k, h in enumerate(items):
+            self.text(h.context, f"{where}[{k}].context", required=False)
+            self.text(h.text, f"{where}[{k}].text")
+
+    def _judged_history(self, n: int) -> int:
+        return min(n, self._rubric.history_limit)
+
+    # -------------------------------------------------------------------- Score
+    def spec(self, spec: d.ItemSpec, where: str) -> int:
+        """Validate one item spec; its judgments."""
+        if isinstance(spec, d.WeightedSpec):
+            return self._weighted(spec, where)
+        if isinstance(spec, d.RubricScoreSpec):
+            w = f"{where}.rubric_score"
+            self.text(spec.context, f"{w}.context", required=False)
+            if not spec.rules:
+                raise InvalidRequest(f"{w}.rules: needs at least one rule")
+            self.count(len(spec.rules), "max_rules_per_item", f"{w}.rules")
+            for k, rule in enumerate(spec.rules):
+                self.text(rule, f"{w}.rules[{k}]")
+            return len(spec.rules)
+        if isinstance(spec, d.ParlRewardSpec):
+            w = f"{where}.parl_reward"
+            self.history(spec.history, f"{w}.history")
+            self.text(spec.target.context, f"{w}.target.context", required=False)
+            self.text(spec.target.text, f"{w}.target.text")
+            if spec.variant is not d.ParlVariant.PARL_0 and not spec.baselines:
+                raise InvalidRequest(
+                    f"{w}.baselines: PARL-{spec.variant.value} needs at least one baseline output"
+                )
+            self.count(len(spec.baselines), "max_baselines", f"{w}.baselines")
+            for k, b in enumerate(spec.baselines):
+                self.text(b, f"{w}.baselines[{k}]")
+            texts = self._judged_history(len(spec.history)) + 1 + len(spec.baselines)
+            return self._rubric.max_rules * texts
+        w = f"{where}.nli_constraints"
+        self.text(spec.answer, f"{w}.answer")
+        self.text(spec.preference, f"{w}.preference")
+        return 2
+
+    def _weighted(self, spec: d.WeightedSpec, where: str) -> int:
+        w = f"{where}.weighted.parts"
+        if not spec.parts:
+            raise InvalidRequest(f"{w}: needs at least one part")
+        self.count(len(spec.parts), "max_weighted_parts", w)
+        work = 0
+        for j, part in enumerate(spec.parts):
+            if not math.isfinite(part.weight) or part.weight < 0:
+                raise InvalidRequest(
+                    f"{w}[{j}].weight: {part.weight} is not a finite non-negative number"
+                )
+            if isinstance(part.spec, d.WeightedSpec):  # pragma: no cover - proto forbids it
+                raise InvalidRequest(f"{w}[{j}]: combinations do not nest")
+            work += self.spec(part.spec, f"{w}[{j}]")
+        if not max(p.weight for p in spec.parts) > 0:
+            raise InvalidRequest(f"{w}: weights sum to 0; at least one weight must be positive")
+        return work
+
+    def item(self, item: d.ScoreItem, index: int, seen: dict[str, int]) -> int:
+        """Validate one item of a batch (``seen``: ids so far -> index); its judgments."""
+        limit = self.limits.max_id_bytes
+        n = utf8_len(item.item_id, limit)
+        if n > limit:
+            raise InvalidRequest(
+                f"items[{index}].id: {n} bytes exceed service.limits.max_id_bytes={limit}"
+            )
+        first = seen.setdefault(item.item_id, index)
+        if first != index:
+            raise InvalidRequest(
+                f"items[{index}].id: duplicate id {quote(item.item_id)} (also items[{first}]); "
+                "ids must be unique within a request"
+            )
+        return self.spec(item.spec, f"items[{index}] (id {quote(item.item_id)})")
+
+    def batch_size(self, n: int) -> None:
+        limit = self.limits.max_batch_items
+        if n == 0:
+            raise InvalidRequest("items: the batch is empty; send at least one item")
+        if n > limit:
+            raise InvalidRequest(
+                f"items: {n} items exceed service.limits.max_batch_items={limit}; "
+                "split the batch or raise the limit"
+            )
+
+    def total(self, judgments: int, what: str) -> int:
+        limit = self.limits.max_judgments_per_request
+        if judgments > limit:
+            raise InvalidRequest(
+                f"{what}: needs about {judgments} judgments (judge prompts and NLI pairs), over "
+                f"service.limits.max_judgments_per_request={limit}; split the request"
+            )
+        return judgments
+
+    async def items(self, items: Sequence[d.ScoreItem]) -> int:
+        """Validate a Score batch, yielding the loop between items; its judgments."""
+        self.batch_size(len(items))
+        seen: dict[str, int] = {}
+        work = 0
+        for i, item in enumerate(items):
+            await cooperative.turn()
+            work += self.item(item, i, seen)
+        return self.total(work, "items")
+
+    # ------------------------------------------------------ Verify, InduceRubrics
+    def verify(self, *, response: str, answer: str, preference: str, evidence: bool) -> int:
+        self.text(response, "response")
+        self.text(answer, "answer")
+        self.text(preference, "preference")
+        if not evidence:
+            return 2
+        m = _sentences(response)
+        work = sum(1 + m + n + m * n for n in (_sentences(answer), _sentences(preference)))
+        return self.total(work, "evidence")
+
+    def induce(self, history: Sequence[d.HistoryItem], *, num_samples: int) -> int:
+        self.history(history, "history")
+        if num_samples < 0 or num_samples > 64:
+            raise InvalidRequest(f"num_samples: {num_samples} is outside 0..64 (0 = server default)")
+        k = num_samples or self._rubric.induction_samples
+        return self.total(k * (1 + self._rubric.max_rules * self._judged_history(len(history))),
+                          "history")
