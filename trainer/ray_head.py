@@ -32,12 +32,12 @@ PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port",
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 right now."""
+    """``n`` distinct ports free on every interface right now (Ray binds 0.0.0.0)."""
     socks = []
     try:
         for _ in range(n):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind(("", 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -53,6 +53,10 @@ def project_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1"}
     env.update(extra or {})
     return env
+
+
+class _EarlyExit(Exception):
+    """``ray start`` exited before the head was up (typically: a port got taken)."""
 
 
 class LocalRayHead:
@@ -80,7 +84,20 @@ class LocalRayHead:
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['--dashboard-port']}"
 
-    def start(self, timeout_s: float = 120.0) -> LocalRayHead:
+    def start(self, timeout_s: float = 120.0, *, tries: int = 3) -> LocalRayHead:
+        """Start it; a port taken between choosing and binding (``ray start`` exits at once)
+        gets new ports, up to ``tries`` times."""
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start_once(timeout_s)
+            except _EarlyExit:
+                self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+                if attempt == tries:
+                    self.stop()
+                    raise RuntimeError(f"ray start failed {tries} times; see {self.log_path}") from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> LocalRayHead:
         cmd = [self.ray, "start", "--head", "--block", "--disable-usage-stats",
                f"--num-cpus={self.num_cpus}", "--include-dashboard=true",
                "--dashboard-host=127.0.0.1", f"--temp-dir={self.temp_dir}",
@@ -91,7 +108,8 @@ class LocalRayHead:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {self._proc.returncode}; see {self.log_path}")
+                self._proc = None
+                raise _EarlyExit
             if self._dashboard_up():
                 return self
             time.sleep(1.0)
