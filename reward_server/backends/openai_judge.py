@@ -16,8 +16,9 @@ p_yes is exact whenever the server can report the log-prob of every yes/no varia
 3. A server that can do neither (the OpenAI API: at most 20 top log-probs, no forcing) leaves
    some variants unknown. Each is at most as likely as the least likely listed token, so p_yes
    lies in an interval (:func:`p_yes_bounds`); when its half-width is within ``max_p_error`` the
-   midpoint is returned, otherwise :class:`BackendUnavailable`. The default, 0, accepts exact
-   values only. Never a constant.
+   midpoint is returned, otherwise :class:`ConfigError` (FAILED_PRECONDITION, not retried:
+   this server cannot give the exact value). The default, 0, accepts exact values only. Never
+   a constant.
 
 Without a local tokenizer the ids are unknown: listed tokens are matched by spelling and every
 spelling of a side that is not listed counts as unknown (case 3). ``vllm_extensions=False``
@@ -48,7 +49,7 @@ from reward_server.backends.yes_no import (
     side_of,
     variants,
 )
-from reward_server.errors import BackendUnavailable, ModelLoadError
+from reward_server.errors import BackendUnavailable, ConfigError, EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def first_position(response: Any) -> tuple[Entries, tuple[str, float]]:
         top = [(str(e.token), float(e.logprob)) for e in first.top_logprobs or []]
         return top, (str(first.token), float(first.logprob))
     except (AttributeError, IndexError, TypeError, ValueError) as e:
-        raise BackendUnavailable(
+        raise EngineError(
             f"judge endpoint answered without token log-probs ({e!r}): {str(response)[:300]}"
         ) from e
 
@@ -170,7 +171,7 @@ class OpenAIJudge:
             detail = f"HTTP {code}: {str(e.message)[:300]}"
             if code in (408, 409, 429) or code >= 500:  # the SDK retried these
                 raise BackendUnavailable(f"{where} failed after {self._attempts} attempts: {detail}") from e
-            raise BackendUnavailable(f"{where} refused the request: {detail}") from e
+            raise EngineError(f"{where} refused the request (not retried): {detail}") from e
         except openai.APIConnectionError as e:  # connection errors and timeouts, retried
             raise BackendUnavailable(
                 f"{where} failed after {self._attempts} attempts: {type(e).__name__}: {e}"
@@ -215,8 +216,8 @@ class OpenAIJudge:
             for tid, lp in zip(missing, forced, strict=True):
                 if lp is None:
                     continue
-                if lp > cap + _FORCED_TOLERANCE:
-                    raise BackendUnavailable(
+                if lp > cap + _FORCED_TOLERANCE:  # a server set-up problem: retrying cannot help
+                    raise ConfigError(
                         f"judge endpoint {self._base_url} gave token {tid}, forced with allowed_token_ids, "
                         f"log-prob {lp:.4f}, above {cap:.4f} of the least likely token it listed: it reports "
                         "restricted (processed) log-probs, not raw ones; serve with vLLM's default "
@@ -244,7 +245,7 @@ class OpenAIJudge:
         )
         if (hi - lo) / 2 <= self._max_p_error:
             return (lo + hi) / 2
-        raise BackendUnavailable(
+        raise ConfigError(  # what this server can report; retrying cannot help
             f"judge endpoint {self._base_url} reported {len(known['yes'])} yes and {len(known['no'])} no "
             f"variant log-probs and could not be asked for the other {unknown['yes'] + unknown['no']}: p_yes "
             f"is only known to lie in [{lo:.6f}, {hi:.6f}]. Serve the judge with vLLM (logprob_token_ids or "
@@ -269,7 +270,7 @@ class OpenAIJudge:
         try:
             return str(response.choices[0].message.content or "")
         except (AttributeError, IndexError, TypeError) as e:
-            raise BackendUnavailable(f"judge endpoint answered without a message: {str(response)[:300]}") from e
+            raise EngineError(f"judge endpoint answered without a message: {str(response)[:300]}") from e
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         return list(await asyncio.gather(*(self._gen(r) for r in requests)))

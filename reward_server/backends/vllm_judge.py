@@ -25,7 +25,7 @@ from typing import Any
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import VLLMJudgeSettings
 from reward_server.backends.yes_no import p_yes_exact, render_chat, yes_no_ids
-from reward_server.errors import BackendUnavailable, ModelLoadError
+from reward_server.errors import EngineError, ModelLoadError, engine_failure
 
 logger = logging.getLogger(__name__)
 
@@ -144,10 +144,10 @@ class VLLMJudge:
         try:
             async for out in self._engine.generate(prompt, SamplingParams(**kwargs), f"judge-{next(self._ids)}"):
                 final = out
-        except Exception as e:
-            raise BackendUnavailable(f"vLLM judge {self._model_id} failed: {type(e).__name__}: {e}") from e
+        except Exception as e:  # engine dead / OOM: UNAVAILABLE; anything else is a bug: INTERNAL
+            raise engine_failure(e, f"vLLM judge {self._model_id}") from e
         if final is None or not final.outputs:
-            raise BackendUnavailable(f"vLLM judge {self._model_id} returned no output")
+            raise EngineError(f"vLLM judge {self._model_id} returned no output")
         return final
 
     async def _one(self, p: JudgePrompt) -> float:
@@ -158,11 +158,11 @@ class VLLMJudge:
         self.stats.cached_tokens += int(final.num_cached_tokens or 0)
         out = final.outputs[0]
         if not out.logprobs:
-            raise BackendUnavailable(f"vLLM judge {self._model_id} returned no logprobs")
+            raise EngineError(f"vLLM judge {self._model_id} returned no logprobs")
         lps = {int(t): float(lp.logprob) for t, lp in out.logprobs[0].items()}
         prob = p_yes_exact(lps, self._yes, self._no)
         if prob is None:
-            raise BackendUnavailable(
+            raise EngineError(
                 f"vLLM judge {self._model_id} returned log-probs for {sorted(lps)}, not every yes/no "
                 f"variant {sorted([*self._yes, *self._no])}"
             )

@@ -27,7 +27,7 @@ import pytest
 from reward_server.backends.base import GenerationRequest, JudgePrompt
 from reward_server.backends.openai_judge import OpenAIJudge
 from reward_server.domain import Task
-from reward_server.errors import BackendUnavailable
+from reward_server.errors import BackendUnavailable, ConfigError, EngineError
 from reward_server.rubric.templates import judge_prompt
 
 VOCAB = {"yes": 1, "Yes": 2, " yes": 3, "no": 4, "No": 5, " no": 6}
@@ -193,7 +193,7 @@ async def test_older_vllm_forces_each_missing_variant(base_url: str) -> None:
 async def test_processed_logprobs_are_refused(base_url: str) -> None:
     State.mode = "processed"
     judge = _judge(base_url)
-    with pytest.raises(BackendUnavailable, match="raw_logprobs"):
+    with pytest.raises(ConfigError, match="raw_logprobs"):  # a set-up problem: not retried
         await judge.p_yes(PROMPTS[:1])
     await judge.close()
 
@@ -201,7 +201,7 @@ async def test_processed_logprobs_are_refused(base_url: str) -> None:
 async def test_plain_openai_api_is_bounded(base_url: str) -> None:
     State.mode = "openai"
     strict = _judge(base_url, vllm_extensions=False)
-    with pytest.raises(BackendUnavailable, match=r"only known to lie in \[0\.79"):
+    with pytest.raises(ConfigError, match=r"only known to lie in \[0\.79"):
         await strict.p_yes(PROMPTS[:1])
     assert all("logprob_token_ids" not in r and "allowed_token_ids" not in r for r in State.requests)
     # alpha: " yes", "No", " no" unknown, each at most e^-4.6 (the 17th filler, the last listed)
@@ -212,7 +212,7 @@ async def test_plain_openai_api_is_bounded(base_url: str) -> None:
     (p,) = await loose.p_yes(PROMPTS[:1])
     assert p == pytest.approx((lo + hi) / 2, abs=1e-12) and lo <= EXACT[0] <= hi
     # beta: no yes variant listed at all -> [0, 0.0107...]: refused unless max_p_error allows it
-    with pytest.raises(BackendUnavailable, match=r"0 yes and 2 no"):
+    with pytest.raises(ConfigError, match=r"0 yes and 2 no"):
         await loose.p_yes(PROMPTS[1:])
     await strict.close()
     await loose.close()
@@ -250,7 +250,7 @@ async def test_unreachable_and_refused(base_url: str) -> None:
     assert not health.ok and "unreachable" in health.detail
     await dead.close()
     wrong = OpenAIJudge(base_url.replace("/v1", "/v2"), "m", answer_tokens=VOCAB)
-    with pytest.raises(BackendUnavailable, match="refused the request: HTTP 404"):
+    with pytest.raises(EngineError, match=r"refused the request \(not retried\): HTTP 404"):
         await wrong.p_yes(PROMPTS[:1])
     await wrong.close()
 
