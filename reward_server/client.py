@@ -9,7 +9,7 @@ Resilience comes from gRPC itself, configured from one :class:`RetryBudget`:
   call waits for the channel to reconnect instead of failing at once; reconnect attempts are
   gRPC's own jittered exponential backoff, capped at ``backoff_cap_s``.
 - ``retryPolicy`` (service config): a call the server answers UNAVAILABLE or
-  RESOURCE_EXHAUSTED is retried by gRPC with jittered exponential backoff (honouring the
+  RESOURCE_EXHAUSTED, or that gRPC cancelled at the server's shutdown (CANCELLED), is retried by gRPC with jittered exponential backoff (honouring the
   server's ``grpc-retry-pushback-ms``), up to ``attempts``.
 - one deadline per call (``deadline_s``) bounds all of it.
 
@@ -47,7 +47,13 @@ from reward_server.rpc import convert
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# CANCELLED as a status (not a local asyncio cancellation, which raises CancelledError) comes
+# from the server's side: gRPC core cancels calls it has received but not yet handed to the
+# application when the server's port closes (grpc/grpc#41785; a restart or a drain). Our
+# server never answers CANCELLED itself (a leaked cancellation is UNAVAILABLE), and every
+# reward.v1 call is idempotent, so such a call is resent like UNAVAILABLE.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.CANCELLED})
 GRPC_MAX_ATTEMPTS = 5  # gRPC clamps retryPolicy.maxAttempts to this
 SERVICE = "reward.v1.RewardService"
 HEALTH = "grpc.health.v1.Health"  # a probe: no waiting, no retries
@@ -74,7 +80,7 @@ class RetryBudget:
     or a rolling update of ~30 s and then fail with the server's last status."""
 
     attempts: int = 5
-    """Tries of a call the server answers UNAVAILABLE or RESOURCE_EXHAUSTED (1 = no retry).
+    """Tries of a call answered UNAVAILABLE, RESOURCE_EXHAUSTED or CANCELLED (1 = no retry).
     Above gRPC's cap of 5 per call it runs in rounds of 5: rounded up to a multiple of 5."""
     backoff_initial_s: float = 0.2
     """First retry backoff; doubles per retry (gRPC adds jitter)."""
