@@ -9,7 +9,8 @@ Resilience comes from gRPC itself, configured from one :class:`RetryBudget`:
   call waits for the channel to reconnect instead of failing at once; reconnect attempts are
   gRPC's own jittered exponential backoff, capped at ``backoff_cap_s``.
 - ``retryPolicy`` (service config): a call the server answers UNAVAILABLE or
-  RESOURCE_EXHAUSTED, or that gRPC cancelled at the server's shutdown (CANCELLED), is retried by gRPC with jittered exponential backoff (honouring the
+  RESOURCE_EXHAUSTED, or that gRPC cancelled at the server's shutdown (CANCELLED), is retried
+  by gRPC with jittered exponential backoff (honouring the
   server's ``grpc-retry-pushback-ms``), up to ``attempts``.
 - one deadline per call (``deadline_s``) bounds all of it.
 
