@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch; on this workplace pip takes it from the local wheel cache.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= server,eval,trl,train,dev
+EXTRAS ?= server,eval,trl,deepspeed,train,dev
 
 .PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench clean
 

@@ -129,6 +129,9 @@ def check_port_free(host: str, port: int) -> None:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as every server socket: a restart on the same port must not trip over the previous
+        # run's TIME_WAIT connections (a live listener still makes the bind fail)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as e:

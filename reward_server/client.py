@@ -1,8 +1,25 @@
 """Python client for reward.v1: ``AsyncRewardClient`` and a thin synchronous ``RewardClient``.
 
-Needs only grpcio and protobuf. Each call has a deadline; calls that fail with UNAVAILABLE or
-RESOURCE_EXHAUSTED are retried a bounded number of times with jittered exponential backoff; any
-other failure raises :class:`RewardCallError` at once. A failure is never turned into a reward.
+Needs only grpcio and protobuf. A failure is never turned into a reward: every call either
+returns the server's answer or raises :class:`RewardCallError` with the server's status.
+
+Resilience comes from gRPC itself, configured from one :class:`RetryBudget`:
+
+- ``waitForReady`` (service config): while the server is away (restart, rolling update) a
+  call waits for the channel to reconnect instead of failing at once; reconnect attempts are
+  gRPC's own jittered exponential backoff, capped at ``backoff_cap_s``.
+- ``retryPolicy`` (service config): a call the server answers UNAVAILABLE or
+  RESOURCE_EXHAUSTED, or that gRPC cancelled at the server's shutdown (CANCELLED), is retried
+  by gRPC with jittered exponential backoff (honouring the
+  server's ``grpc-retry-pushback-ms``), up to ``attempts``.
+- one deadline per call (``deadline_s``) bounds all of it.
+
+gRPC caps ``maxAttempts`` at 5 (larger values are clamped). For a budget above 5 attempts the
+client repeats the call in rounds of up to 5 gRPC attempts, sleeping a full-jitter backoff
+(capped at ``backoff_cap_s``) between rounds, all inside the same deadline. When the deadline
+passes while the server is unreachable, the error is the channel's own UNAVAILABLE status
+(e.g. ``failed to connect to all addresses; ... Connection refused``), not a bare
+DEADLINE_EXCEEDED.
 
     async with AsyncRewardClient("127.0.0.1:50051") as client:
         results = await client.score([ScoreItem(...)])
@@ -11,8 +28,12 @@ other failure raises :class:`RewardCallError` at once. A failure is never turned
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
+import math
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -27,62 +48,174 @@ from reward_server.rpc import convert
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# CANCELLED as a status (not a local asyncio cancellation, which raises CancelledError) comes
+# from the server's side: gRPC core cancels calls it has received but not yet handed to the
+# application when the server's port closes (grpc/grpc#41785; a restart or a drain). Our
+# server never answers CANCELLED itself (a leaked cancellation is UNAVAILABLE), and every
+# reward.v1 call is idempotent, so such a call is resent like UNAVAILABLE.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.CANCELLED})
+GRPC_MAX_ATTEMPTS = 5  # gRPC clamps retryPolicy.maxAttempts to this
+SERVICE = "reward.v1.RewardService"
+HEALTH = "grpc.health.v1.Health"  # a probe: no waiting, no retries
 
 
 class RewardCallError(RewardServerError):
-    """A call failed; ``code`` is the gRPC status and ``details`` the server's message."""
+    """A call failed; ``code`` is the gRPC status and ``details`` the server's message.
+
+    ``attempts`` counts the calls this client made (rounds); gRPC's own retries inside a
+    round are not visible to the client.
+    """
 
     def __init__(self, method: str, code: grpc.StatusCode, details: str, *, attempts: int) -> None:
         self.method = method
         self.code = code
         self.details = details
         self.attempts = attempts
-        super().__init__(f"{method} failed with {code.name} after {attempts} attempt(s): {details}")
+        super().__init__(f"{method} failed with {code.name}: {details}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryBudget:
+    """How long and how often one call may try. The defaults ride out a reward-server restart
+    or a rolling update of ~30 s and then fail with the server's last status."""
+
+    attempts: int = 5
+    """Tries of a call answered UNAVAILABLE, RESOURCE_EXHAUSTED or CANCELLED (1 = no retry).
+    Above gRPC's cap of 5 per call it runs in rounds of 5: rounded up to a multiple of 5."""
+    backoff_initial_s: float = 0.2
+    """First retry backoff; doubles per retry (gRPC adds jitter)."""
+    backoff_cap_s: float = 5.0
+    """Longest backoff between retries and between reconnect attempts."""
+    deadline_s: float = 120.0
+    """One call in all: attempts, backoffs and waiting for the server to come back."""
+    wait_for_ready: bool = True
+    """Wait for an unreachable server (until the deadline) instead of failing at once."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1 (got {self.attempts}); 1 means no retry")
+        if not (0 < self.backoff_initial_s <= self.backoff_cap_s):
+            raise ValueError(
+                f"need 0 < backoff_initial_s ({self.backoff_initial_s}) <= backoff_cap_s "
+                f"({self.backoff_cap_s})"
+            )
+        if not (self.deadline_s > 0 and math.isfinite(self.deadline_s)):
+            raise ValueError(f"deadline_s must be a positive number of seconds (got {self.deadline_s})")
+
+    @property
+    def grpc_attempts(self) -> int:
+        """maxAttempts of the channel's retryPolicy (gRPC's cap applied)."""
+        return min(self.attempts, GRPC_MAX_ATTEMPTS)
+
+    @property
+    def rounds(self) -> int:
+        """Calls the client makes at most: rounds of up to ``grpc_attempts`` gRPC attempts."""
+        return math.ceil(self.attempts / self.grpc_attempts)
+
+    def service_config(self) -> str:
+        """The channel's gRPC service config (JSON): waitForReady and the retryPolicy of the
+        reward service; health checks stay probes (fail fast, no retry)."""
+        method: dict[str, Any] = {"name": [{"service": SERVICE}], "waitForReady": self.wait_for_ready}
+        if self.grpc_attempts > 1:
+            method["retryPolicy"] = {
+                "maxAttempts": self.grpc_attempts,
+                "initialBackoff": f"{self.backoff_initial_s:.3f}s",
+                "maxBackoff": f"{self.backoff_cap_s:.3f}s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": sorted(c.name for c in RETRYABLE),
+            }
+        probe = {"name": [{"service": HEALTH}], "waitForReady": False}
+        return json.dumps({"methodConfig": [method, probe]})
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        cap_ms = int(self.backoff_cap_s * 1000)
+        first_ms = min(cap_ms, max(100, int(self.backoff_initial_s * 1000)))
+        return [
+            ("grpc.service_config", self.service_config()),
+            ("grpc.enable_retries", 1),
+            # reconnect promptly once the server is back (gRPC's default backoff grows to 120 s)
+            ("grpc.initial_reconnect_backoff_ms", first_ms),
+            ("grpc.min_reconnect_backoff_ms", first_ms),
+            ("grpc.max_reconnect_backoff_ms", cap_ms),
+        ]
 
 
 def backoff_delays(
-    max_retries: int, *, base_s: float, cap_s: float, rng: random.Random
+    rounds: int, *, base_s: float, cap_s: float, rng: random.Random
 ) -> list[float]:
-    """Full-jitter exponential backoff: attempt k sleeps U(0, min(cap, base * 2**k))."""
-    return [rng.uniform(0.0, min(cap_s, base_s * 2**k)) for k in range(max_retries)]
+    """Full-jitter exponential backoff between rounds: round k sleeps U(0, min(cap, base * 2**k))."""
+    return [rng.uniform(0.0, min(cap_s, base_s * 2**k)) for k in range(rounds)]
+
+
+def _budget(
+    retry: RetryBudget | None,
+    *,
+    timeout_s: float | None,
+    max_retries: int | None,
+    backoff_base_s: float | None,
+    backoff_cap_s: float | None,
+) -> RetryBudget:
+    budget = retry or RetryBudget()
+    changes: dict[str, Any] = {}
+    if timeout_s is not None:
+        changes["deadline_s"] = timeout_s
+    if max_retries is not None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        changes["attempts"] = max_retries + 1
+    if backoff_base_s is not None:
+        changes["backoff_initial_s"] = backoff_base_s
+    if backoff_cap_s is not None:
+        changes["backoff_cap_s"] = backoff_cap_s
+    return dataclasses.replace(budget, **changes) if changes else budget
 
 
 class AsyncRewardClient:
-    """Async client. ``target`` is ``host:port``; ``token`` adds ``authorization: Bearer``."""
+    """Async client. ``target`` is ``host:port``; ``token`` adds ``authorization: Bearer``.
+
+    ``retry`` is the budget of every call. ``timeout_s`` (the per-call deadline),
+    ``max_retries`` (attempts - 1), ``backoff_base_s`` and ``backoff_cap_s`` are shorthands
+    that override the matching field of ``retry``.
+    """
 
     def __init__(
         self,
         target: str,
         *,
         token: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_base_s: float = 0.1,
-        backoff_cap_s: float = 5.0,
+        retry: RetryBudget | None = None,
+        timeout_s: float | None = None,
+        max_retries: int | None = None,
+        backoff_base_s: float | None = None,
+        backoff_cap_s: float | None = None,
         tls_root_cert: bytes | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         seed: int | None = None,
     ) -> None:
-        if max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
+        self.retry = _budget(retry, timeout_s=timeout_s, max_retries=max_retries,
+                             backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s)
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *self.retry.channel_options(),
         ]
-        if tls_root_cert is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=tls_root_cert)
-            self._channel = grpc.aio.secure_channel(target, creds, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._tls_root_cert = tls_root_cert
+        self._channel = self._open(target, options)
         self._stub = pb_grpc.RewardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.target = target
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self._backoff = (backoff_base_s, backoff_cap_s)
         self._rng = random.Random(seed)
-        self.retries_made = 0  # total retries over the client's life (for logs and tests)
+
+    def _open(self, target: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+        if self._tls_root_cert is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root_cert)
+            return grpc.aio.secure_channel(target, creds, options=options)
+        return grpc.aio.insecure_channel(target, options=options)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.retry.deadline_s
 
     async def __aenter__(self) -> AsyncRewardClient:
         return self
@@ -96,28 +229,67 @@ class AsyncRewardClient:
         await self._channel.close(grace=None)
 
     async def _call(
-        self, method: str, fn: Callable[..., Awaitable[T]], request: Any, timeout_s: float | None
+        self,
+        method: str,
+        fn: Callable[..., Awaitable[T]],
+        request: Any,
+        timeout_s: float | None,
+        *,
+        wait_for_ready: bool | None = None,
+        rounds: int | None = None,
     ) -> T:
-        delays = backoff_delays(
-            self.max_retries, base_s=self._backoff[0], cap_s=self._backoff[1], rng=self._rng
-        )
-        attempt = 0
+        budget = self.retry
+        wfr = budget.wait_for_ready if wait_for_ready is None else wait_for_ready
+        deadline = time.monotonic() + (timeout_s or budget.deadline_s)
+        delays = backoff_delays((rounds or budget.rounds) - 1, base_s=budget.backoff_initial_s,
+                                cap_s=budget.backoff_cap_s, rng=self._rng)
+        made = 0
         while True:
-            attempt += 1
+            made += 1
+            left = deadline - time.monotonic()
+            # keep a moment to ask the channel why, should the server stay away
+            reserve = min(1.0, 0.1 * left) if wfr else 0.0
             try:
-                return await fn(
-                    request, timeout=timeout_s or self.timeout_s, metadata=self._metadata
-                )
+                return await fn(request, timeout=max(left - reserve, 0.001), metadata=self._metadata,
+                                wait_for_ready=wfr)
             except grpc.aio.AioRpcError as e:
-                code = e.code()
-                if code in RETRYABLE and delays:
-                    delay = delays.pop(0)
-                    self.retries_made += 1
-                    logger.warning("%s: %s (%s); retry %d in %.2fs", method, code.name,
-                                   e.details(), attempt, delay)
-                    await asyncio.sleep(delay)
-                    continue
-                raise RewardCallError(method, code, e.details() or "", attempts=attempt) from None
+                code, details = e.code(), e.details() or ""
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED and wfr and self._unreachable():
+                code, details = await self._why_unreachable(method, request, reserve)
+                raise RewardCallError(method, code, details, attempts=made)
+            left = deadline - time.monotonic()
+            if code in RETRYABLE and delays and left > 0:
+                delay = min(delays.pop(0), left)
+                logger.warning("%s: %s (%s) after round %d of %d; next round in %.2fs", method,
+                               code.name, details, made, budget.rounds, delay)
+                await asyncio.sleep(delay)
+                continue
+            raise RewardCallError(method, code, details, attempts=made)
+
+    def _unreachable(self) -> bool:
+        state = self._channel.get_state(try_to_connect=False)
+        return state is not grpc.ChannelConnectivity.READY
+
+    async def _why_unreachable(
+        self, method: str, request: Any, timeout_s: float
+    ) -> tuple[grpc.StatusCode, str]:
+        """The deadline passed while the server was away. Ask once more, fail-fast and without
+        gRPC retries, on a fresh channel, so the error is what the connection attempt sees
+        (e.g. ``Connection refused``) instead of a bare DEADLINE_EXCEEDED."""
+        waited = f"server at {self.target} unreachable until the call's deadline"
+        probe = self._open(self.target, [("grpc.enable_retries", 0)])
+        try:
+            stub = pb_grpc.RewardServiceStub(probe)  # type: ignore[no-untyped-call]
+            await getattr(stub, method)(request, timeout=max(timeout_s, 0.5),
+                                        metadata=self._metadata, wait_for_ready=False)
+        except grpc.aio.AioRpcError as e:
+            if e.code() is grpc.StatusCode.UNAVAILABLE:
+                return e.code(), f"{waited}: {e.details() or ''}"
+            return grpc.StatusCode.DEADLINE_EXCEEDED, waited
+        finally:
+            await probe.close(grace=None)
+        # it answered just now: the server is back, but this call's deadline has passed
+        return grpc.StatusCode.DEADLINE_EXCEEDED, f"{waited} (it answered again just after)"
 
     async def score(
         self, items: Sequence[d.ScoreItem], *, timeout_s: float | None = None
@@ -164,12 +336,14 @@ class AsyncRewardClient:
         return convert.info_from_proto(reply)
 
     async def health(self, service: str = "", *, timeout_s: float = 5.0) -> str:
-        """grpc.health.v1 status name (SERVING, NOT_SERVING, ...); needs grpcio-health-checking."""
+        """grpc.health.v1 status name (SERVING, NOT_SERVING, ...); needs grpcio-health-checking.
+        A probe: no waiting for an unreachable server and no retry (UNAVAILABLE at once)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         stub = health_pb2_grpc.HealthStub(self._channel)
         reply = await self._call(
-            "Health.Check", stub.Check, health_pb2.HealthCheckRequest(service=service), timeout_s
+            "Health.Check", stub.Check, health_pb2.HealthCheckRequest(service=service), timeout_s,
+            wait_for_ready=False, rounds=1,
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 

@@ -1,10 +1,14 @@
 """Suite-wide fixtures. ``ray_session``: the ONE local Ray (2 CPUs) shared by every test that
-needs Ray; started on first use, shut down at the end of the session."""
+needs Ray; started on first use, shut down at the end of the session. ``thread_server``: a real
+reward server (fake engines) on 127.0.0.1 in a background thread, for callers that block (sync
+trainers, Ray actors, subprocesses)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -33,3 +37,97 @@ def ray_session() -> Iterator[Any]:
     yield ray
     serve.shutdown()
     ray.shutdown()
+
+
+class ThreadServer:
+    """A reward server built by the composition root, running on its own event loop thread."""
+
+    def __init__(self, overrides: Sequence[str] = ()) -> None:
+        from reward_server.backends.fake import FakeJudge, FakeNLI
+
+        self.loop = asyncio.new_event_loop()
+        self.judge = FakeJudge()
+        self.nli = FakeNLI()
+        self.port = 0
+        self.overrides = list(overrides)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._start())
+        except BaseException as e:  # reported by start()
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        from reward_server.app import start_app
+        from reward_server.config import load_config
+
+        config = load_config(overrides=[
+            "server.port=0", "server.drain_delay_s=0",
+            "engines={judge: {kind: fake}, nli: {kind: fake}}", *self.overrides,
+        ], env={})
+        self.app = await start_app(
+            config, judge_factory=lambda _s: self.judge, nli_factory=lambda _s: self.nli
+        )
+        self.port = self.app.port
+
+    def start(self) -> ThreadServer:
+        self._thread.start()
+        assert self._ready.wait(30), "reward server did not start"
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, grace: float = 1.0) -> None:
+        if not self._thread.is_alive():
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.app.stop(grace=grace, drain_delay=0), self.loop)
+        fut.result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def thread_server() -> Iterator[Callable[..., ThreadServer]]:
+    """Factory: ``thread_server(overrides=...)`` starts one; all are stopped after the test."""
+    started: list[ThreadServer] = []
+
+    def make(overrides: Sequence[str] = ()) -> ThreadServer:
+        server = ThreadServer(overrides).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reward_server() -> Iterator[ThreadServer]:
+    """One fake-engine server in a thread for a whole test module."""
+    server = ThreadServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The local SmolLM2-135M-Instruct folder (policy and tokenizer); skip when absent."""
+    from reward_server.backends.smollm2 import local_smollm2_path
+    from reward_server.errors import ModelLoadError
+
+    try:
+        return str(local_smollm2_path())
+    except ModelLoadError as e:
+        pytest.skip(f"no local SmolLM2: {e}")

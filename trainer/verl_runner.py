@@ -2,28 +2,42 @@
 
 Nothing of verl's training loop is copied: :func:`compose` builds the config from
 ``trainer/config/<preset>.yaml`` (whose defaults list starts with verl's ``ppo_trainer``),
-:func:`validate` runs verl's own ``validate_config``, and :func:`run` hands the result to
-``verl.trainer.main_ppo.run_ppo`` with verl's TaskRunner.
+:func:`check` runs our checks and verl's own ``validate_config``, and :func:`run` hands the
+result to ``verl.trainer.main_ppo.run_ppo`` with verl's TaskRunner. Our pieces reach verl
+through its own extension points: the reward function and the replay buffer by package path
+(``reward_server.integrations.verl`` / ``.verl_sampler``), the ``grpo_masked`` estimator
+through ``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime env (every verl process imports it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from reward_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 PRESETS = ("rubric_generator", "personalized_generator")
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
-REWARD_MODULE = "trainer.reward_fn"
+REWARD_MODULE = "reward_server.integrations.verl"
+SAMPLER_MODULE = "reward_server.integrations.verl_sampler"
+SAMPLERS = {"sync": "RewardReplayBuffer", "colocate_async": "RewardReplayBufferAsync",
+            "separate_async": "RewardReplayBufferAsync"}
+_HYDRA_KEYS = ("hydra", "defaults")
+# read by verl (``reward.py``: ``reward_fn_config.get("reward_kwargs", {})``) but not declared in
+# its config; :func:`problems` checks these names against compute_score's signature instead
+FREE_FORM = ("reward.custom_reward_function.reward_kwargs",)
 
 
-def compose(preset: str, overrides: Sequence[str] = ()) -> Any:
-    """verl's ``ppo_trainer`` + ``trainer/config/<preset>.yaml`` + Hydra ``overrides``."""
+def compose(preset: str, overrides: Sequence[str] = (), *, config_dir: Path = CONFIG_DIR) -> Any:
+    """verl's ``ppo_trainer`` + ``<config_dir>/<preset>.yaml`` + Hydra ``overrides``."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -31,12 +45,101 @@ def compose(preset: str, overrides: Sequence[str] = ()) -> Any:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}")
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return hydra_compose(config_name=preset, overrides=list(overrides))
 
 
+def overlay_files(preset: str, config_dir: Path = CONFIG_DIR) -> list[Path]:
+    """Our YAML files a preset composes: the preset and the non-verl items of its defaults."""
+    import yaml
+
+    path = config_dir / f"{preset}.yaml"
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    names = [d for d in raw.get("defaults", []) if isinstance(d, str) and d not in ("_self_",)]
+    return [path, *(config_dir / f"{n}.yaml" for n in names if (config_dir / f"{n}.yaml").is_file())]
+
+
+def _paths(node: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from _paths(value, path + ".")
+        else:
+            yield path
+
+
+def unknown_overlay_keys(preset: str, config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Keys our overlay files set that verl's ``ppo_trainer`` config does not have.
+
+    Hydra refuses unknown keys on the command line but merges those from config files, so a
+    misspelt ``rollout.temprature`` in an overlay would pass ``validate_config``. Keys below a
+    mapping verl leaves empty (``sampler_kwargs: {}``) and below :data:`FREE_FORM` are free-form.
+    """
+    import yaml
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import DictConfig, OmegaConf
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        base = OmegaConf.to_container(hydra_compose(config_name="ppo_trainer"), resolve=False)
+    bad = []
+    for path in overlay_files(preset, config_dir):
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for key in _paths({k: v for k, v in raw.items() if k not in _HYDRA_KEYS}):
+            if any(key.startswith(f + ".") for f in FREE_FORM):
+                continue
+            node: Any = base
+            for part in key.split("."):
+                if isinstance(node, dict | DictConfig) and not node:
+                    break  # free-form mapping
+                if not isinstance(node, dict) or part not in node:
+                    bad.append(f"{path.name}: {key}")
+                    break
+                node = node[part]
+    return bad
+
+
+def problems(config: Any, preset: str, config_dir: Path = CONFIG_DIR) -> list[str]:
+    """What our checks find wrong with a composed config (empty: fine)."""
+    from verl.trainer.ppo import core_algos
+
+    import reward_server.integrations.verl as reward  # registers grpo_masked
+
+    out = [f"{k}: not a key of verl's ppo_trainer config (misspelt?)"
+           for k in unknown_overlay_keys(preset, config_dir)]
+    est = str(config.algorithm.adv_estimator)
+    if est not in core_algos.ADV_ESTIMATOR_REGISTRY:
+        out.append(f"algorithm.adv_estimator={est!r} is not a registered estimator; choose one of "
+                   f"{sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}")
+    fn = config.reward.custom_reward_function
+    ours = str(fn.path or "") == f"pkg://{REWARD_MODULE}"
+    kwargs = dict(fn.get("reward_kwargs") or {})
+    if ours:
+        unknown = sorted(set(kwargs) - reward.reward_kwarg_names())
+        if unknown:
+            out.append(f"reward.custom_reward_function.reward_kwargs: unknown {unknown}; known: "
+                       f"{sorted(reward.reward_kwarg_names())}")
+    if kwargs.get("mask_infra_failures") and est != reward.MASKED_ESTIMATOR:
+        out.append(f"reward_kwargs.mask_infra_failures=true needs algorithm.adv_estimator="
+                   f"{reward.MASKED_ESTIMATOR} (got {est!r}: a masked NaN score would turn its group NaN)")
+    sampler = config.trainer.v1.sampler.custom_sampler
+    if str(sampler.path or "") == f"pkg://{SAMPLER_MODULE}":
+        mode = str(config.trainer.v1.trainer_mode)
+        want = SAMPLERS.get(mode)
+        if want is not None and sampler.name != want:
+            out.append(f"trainer.v1.sampler.custom_sampler.name={sampler.name!r} does not fit "
+                       f"trainer.v1.trainer_mode={mode!r}; use {want!r}")
+        groups = config.algorithm.get("filter_groups")
+        if groups is not None and groups.get("enable", False):
+            out.append("algorithm.filter_groups (DAPO) is not supported with our replay buffer "
+                       f"({SAMPLER_MODULE}); unset trainer.v1.sampler.custom_sampler.path")
+    return out
+
+
 def validate(config: Any) -> None:
-    """verl's own checks (batch sizes, GPU counts, estimator, ...), as ``main_ppo`` runs them."""
+    """verl's own checks (batch sizes, GPU counts, ...), as ``main_ppo`` runs them."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
@@ -47,30 +150,102 @@ def validate(config: Any) -> None:
     )
 
 
-def add_external_module(config: Any) -> None:
-    """Make every verl process import trainer.reward_fn (registers ``grpo_masked``)."""
+def check(config: Any, preset: str, config_dir: Path = CONFIG_DIR) -> None:
+    """Our checks, then verl's; raise :class:`ConfigError` listing every problem found."""
+    found = problems(config, preset, config_dir)
+    if found:
+        raise ConfigError("verl config of preset {!r}:\n  - {}".format(preset, "\n  - ".join(found)))
+    validate(config)
+
+
+def _job_env_vars() -> dict[str, str]:
+    """env_vars of the Ray job's own runtime env (``ray job submit --runtime-env-json``)."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    job = json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR, "{}"))
+    return dict((job.get("runtime_env") or {}).get("env_vars") or {})
+
+
+def set_ray_env(config: Any, env: Mapping[str, str]) -> None:
+    """Give every verl process (TaskRunner, workers) these env vars, through verl's
+    ``ray_kwargs.ray_init.runtime_env``. A variable the job's own runtime env already sets is
+    left to it (Ray refuses to merge the same key twice)."""
     from omegaconf import open_dict
 
-    current = [m for m in os.environ.get(EXTERNAL_MODULES_ENV, "").split(",") if m]
-    if REWARD_MODULE not in current:
-        current.append(REWARD_MODULE)
-    os.environ[EXTERNAL_MODULES_ENV] = ",".join(current)
+    job = _job_env_vars()
     with open_dict(config):
-        env = config.ray_kwargs.ray_init.setdefault("runtime_env", {}).setdefault("env_vars", {})
-        env[EXTERNAL_MODULES_ENV] = ",".join(current)
+        init = config.ray_kwargs.ray_init
+        if init.get("runtime_env") is None:
+            init.runtime_env = {}
+        if init.runtime_env.get("env_vars") is None:
+            init.runtime_env.env_vars = {}  # (DictConfig.setdefault returns a detached copy)
+        for key, value in env.items():
+            if key not in job:
+                init.runtime_env.env_vars[key] = value
 
 
-def run(preset: str, overrides: Sequence[str] = ()) -> None:
-    """Compose, validate and train with verl (GPU cluster or node; see the README recipe)."""
+def external_modules() -> str:
+    current = [m for m in os.environ.get(EXTERNAL_MODULES_ENV, "").split(",") if m]
+    return ",".join(current if REWARD_MODULE in current else [*current, REWARD_MODULE])
+
+
+def configure_run(config: Any, run_dir: Path) -> None:
+    """Checkpoints, run log (verl's file logger) and TensorBoard events under ``run_dir``."""
+    from omegaconf import open_dict
+
+    with open_dict(config):
+        config.trainer.default_local_dir = str(run_dir / "checkpoints")
+        loggers = list(config.trainer.logger)
+        if "file" not in loggers:
+            loggers.append("file")
+        config.trainer.logger = loggers
+    set_ray_env(config, {
+        EXTERNAL_MODULES_ENV: external_modules(),
+        "VERL_FILE_LOGGER_PATH": str(run_dir / "run_log.jsonl"),
+        "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+    })
+
+
+def retry_budget(config: Any) -> Any:
+    """The client budget the reward kwargs set (used for the Info call too)."""
+    from reward_server.client import RetryBudget
+
+    kw = dict(config.reward.custom_reward_function.get("reward_kwargs") or {})
+    fields = {f.name for f in dataclasses.fields(RetryBudget)}
+    return RetryBudget(**{k: v for k, v in kw.items() if k in fields and v is not None})
+
+
+def log_provenance(config: Any, run_dir: Path) -> dict[str, Any]:
+    """Ask the reward server for its ``Info``, log it and write ``provenance.json`` (before
+    verl starts: an unreachable server fails the run here, in seconds, not after model loading)."""
+    from reward_server.client import RewardClient
+
+    kw = dict(config.reward.custom_reward_function.get("reward_kwargs") or {})
+    address = kw.get("reward_server") or os.environ.get("REWARD_SERVER_ADDRESS")
+    if not address:
+        raise ConfigError("no reward server address: pass --reward-server HOST:PORT (or set "
+                          "$REWARD_SERVER_ADDRESS)")
+    token = os.environ.get(str(kw.get("token_env") or "REWARD_SERVER_TOKEN")) or None
+    with RewardClient(str(address), token=token, retry=retry_budget(config)) as client:
+        info = client.info()
+    provenance = {"reward_server": str(address), **dataclasses.asdict(info)}
+    (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2, default=str))
+    logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
+                info.api_version, info.server_version, info.judge_model, info.nli_model,
+                dict(info.template_versions))
+    return provenance
+
+
+def run(preset: str, overrides: Sequence[str], *, run_dir: Path) -> None:
+    """Compose, check and train with verl (GPU cluster or node; see the README recipe)."""
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
-    import trainer.reward_fn  # noqa: F401  registers grpo_masked in this process
-
     config = compose(preset, overrides)
     auto_set_device(config)
-    validate(config)
-    add_external_module(config)
+    check(config, preset)
+    configure_run(config, run_dir)
+    log_provenance(config, run_dir)
     runner: Any
     if config.trainer.use_v1:
         from verl.trainer import main_ppo
@@ -80,7 +255,8 @@ def run(preset: str, overrides: Sequence[str] = ()) -> None:
         from verl.trainer import main_ppo_v0
 
         runner = main_ppo_v0.TaskRunner
-    logger.info("verl preset %s, reward fn %s, reward kwargs %s", preset,
+    logger.info("verl preset %s, reward fn %s, reward kwargs %s, checkpoints %s", preset,
                 config.reward.custom_reward_function.path,
-                dict(config.reward.custom_reward_function.reward_kwargs))
+                dict(config.reward.custom_reward_function.reward_kwargs),
+                config.trainer.default_local_dir)
     run_ppo(config, task_runner_class=runner)

@@ -116,8 +116,16 @@ class RaySettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     address: str | None = Field(
-        None, description="Join this Ray cluster (also RAY_ADDRESS); None starts a local Ray "
-        "bound to 127.0.0.1."
+        None, description="Join this Ray cluster (host:port of its GCS, `auto`, or RAY_ADDRESS); "
+        "None starts an embedded local Ray. Ray 2.60 clusters need a token: RAY_AUTH_MODE=token "
+        "and RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token (a refusal fails at start "
+        "with that fix)."
+    )
+    local_node_ip: str = Field(
+        "127.0.0.1", description="Embedded local Ray only: the node address it advertises, so "
+        "its processes talk over loopback only. Ray 2.60 offers no option to restrict the "
+        "interfaces its core processes listen on; token auth (on by default) refuses peers "
+        "without the token. Set the machine's address to let other nodes join."
     )
     namespace: str = Field("reward_server", description="Ray namespace the ingress joins.")
     app_prefix: str = Field(

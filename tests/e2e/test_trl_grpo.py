@@ -10,8 +10,6 @@ import pytest
 
 pytest.importorskip("trl", reason="the TRL engine needs the trl extra: pip install -e .[trl]")
 
-from reward_server.backends.smollm2 import local_smollm2_path
-from reward_server.errors import ModelLoadError
 from trainer.data.prepare import build_rows, sample_records, to_trl, write_parquet
 from trainer.trl_runner import TrlRunSettings, run_trl
 
@@ -24,11 +22,8 @@ LOOSE_RULES = ("The writing mentions product quality or price.",
 
 
 @pytest.fixture(scope="module")
-def model_path() -> str:
-    try:
-        return str(local_smollm2_path())
-    except ModelLoadError as e:
-        pytest.skip(f"no local SmolLM2: {e}")
+def model_path(smollm2_path) -> str:  # type: ignore[no-untyped-def]
+    return str(smollm2_path)
 
 
 def snapshot(model) -> dict:  # type: ignore[no-untyped-def]
@@ -58,6 +53,9 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     reward = result["reward"]
     # every completion of every step was sent, in one Score call per generation batch
     assert reward.calls == [2, 2]
+    # the trained policy is saved in the Hugging Face format, loadable as is
+    assert (Path(result["model"]) / "config.json").is_file()
+    assert AutoModelForCausalLM.from_pretrained(result["model"]) is not None
     rows = [json.loads(x) for x in Path(result["log"]).read_text().splitlines()]
     train_rows = [r for r in rows if "reward" in r]
     assert len(train_rows) == 2

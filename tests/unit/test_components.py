@@ -22,10 +22,10 @@ from reward_server.domain import (
     WeightedSpec,
     kind_of,
 )
+from reward_server.integrations.extra_info import COMPONENT_KEYS, WEIGHTED_PARTS
 from reward_server.nli import NLISettings, nli_constraints_reward
 from reward_server.rubric import RubricSettings, parl_reward, score_rubric
 from reward_server.service import RewardService
-from trainer.tasks.specs import COMPONENT_KEYS, WEIGHTED_PARTS
 
 R1, R2 = 'The text uses the word "alpha".', 'The text uses the word "beta".'
 HISTORY = (HistoryItem("c", "alpha beta"), HistoryItem("c", "alpha beta gamma"))

@@ -51,6 +51,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "reward_server.serving", "reward_server.backends", "reward_server.rubric",
         "reward_server.nli",
     ),
+    # the framework integrations sit on the client, like any user's training script
+    "reward_server.integrations": (
+        "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
+        "reward_server.service", "reward_server.serving", "reward_server.backends",
+        "reward_server.rubric", "reward_server.nli", "trainer",
+    ),
     "reward_server.domain": ("reward_server.",),
     "reward_server.errors": ("reward_server.",),
     "reward_server.numerics": ("reward_server.",),
@@ -159,6 +165,13 @@ def test_each_layer_imports_only_those_below() -> None:
                 bad += [f"{name} -> {d}" for d in deps
                         if any(d == f or d.startswith(f if f.endswith(".") else f + ".") for f in forbidden)
                         and not (d == layer or d.startswith(layer + "."))]
+    assert bad == []
+
+
+def test_the_installable_package_never_imports_the_trainer() -> None:
+    g = graph()
+    bad = sorted(f"{n} -> {d}" for n, deps in g.items() if n.startswith("reward_server")
+                 for d in deps if d == "trainer" or d.startswith("trainer."))
     assert bad == []
 
 

@@ -3,7 +3,8 @@
 ``rubric_generator``: the policy writes a rubric from the user's history; PARL-0/A/B reward.
 ``personalized_generator``: the policy writes the user's text for a new context; rubric score
 under the user's induced rules, NLICV constraints, or a weighted mix.
-:mod:`trainer.tasks.specs` turns an ``extra_info`` dict back into a reward-server item.
+:mod:`reward_server.integrations.extra_info` turns an ``extra_info`` dict back into a
+reward-server item (the contract between ``trainer.data.prepare`` and the reward functions).
 """
 
 from trainer.tasks.common import TASK_NAMES

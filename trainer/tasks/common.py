@@ -1,19 +1,8 @@
 """The row every task produces: prompt (chat messages) + the ``extra_info`` its reward needs.
 
 ``extra_info`` always carries the same keys (parquet columns need one schema across rows);
-unused ones are empty. Keys:
-
-kind          "parl_reward" | "rubric_score" | "nli_constraints" | "weighted" (RewardKind values)
-task          "amazon" | "news" | "reddit" | "generic"
-user_id, index
-history       [{"context", "text"}, ...]  (oldest first; PARL validation needs it)
-target        {"context", "text"}         (the user's held-out item)
-baselines     [str]  and  baseline_methods [str]   (PARL negatives, same order)
-variant       "0" | "A" | "B"              (PARL)
-rules         [str]                        (the user's induced rubric: rubric_score)
-answer, preference                         (NLICV constraints)
-weights       {"rubric_score": w, "nli_constraints": w}  (weighted)
-aggregate, nli_reward_function             ("" = server default)
+unused ones are empty. The keys and their meaning: :mod:`reward_server.integrations.extra_info`
+(the contract with the reward functions).
 """
 
 from __future__ import annotations

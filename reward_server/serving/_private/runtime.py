@@ -27,6 +27,7 @@ from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayN
 from reward_server.serving._private.deployments import JudgeDeployment, NLIDeployment
 from reward_server.serving.batching import BatchedJudge, BatchedNLI
 from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory
+from reward_server.serving.ray_cluster import check_cluster
 from reward_server.serving.settings import RaySettings
 
 logger = logging.getLogger(__name__)
@@ -194,20 +195,28 @@ class RayEngines(Engines):
 
 
 def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
-    """(owns_ray, connected_ray): started a local Ray here / joined an external cluster here."""
+    """(owns_ray, connected_ray): started a local Ray here / joined an external cluster here.
+
+    Joining: the cluster's token auth is checked first (a refusal fails in seconds with the
+    fix, see :mod:`reward_server.serving.ray_cluster`). Starting: the embedded Ray advertises
+    ``local_node_ip`` (127.0.0.1 by default) and runs no dashboard; token auth stays on
+    (Ray's default for a cluster it starts, unless ``RAY_AUTH_MODE`` says otherwise).
+    """
     if ray.is_initialized():
         return False, False
     address = settings.address or os.environ.get("RAY_ADDRESS")
     if address:
+        check_cluster(address)
         logger.info("joining Ray cluster at %s (namespace %s)", address, settings.namespace)
         ray.init(address=address, namespace=settings.namespace)
         return False, True
-    logger.info("starting an embedded local Ray")
+    logger.info("starting an embedded local Ray on %s", settings.local_node_ip)
     ray.init(
         num_cpus=settings.local_num_cpus,
         num_gpus=settings.local_num_gpus,
         namespace=settings.namespace,
         include_dashboard=False,
+        _node_ip_address=settings.local_node_ip,
     )
     return True, False
 

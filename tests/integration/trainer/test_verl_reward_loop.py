@@ -1,66 +1,71 @@
-"""verl's own reward-loop worker (naive manager, run_single) calling trainer/reward_fn.py
-against a real local reward server on the fake engines."""
+"""verl's own RewardLoopManager, with 2 RewardLoopWorker Ray actors loading our reward function
+the way our presets configure it (``pkg://reward_server.integrations.verl``), scores a DataProto
+of rollouts against a real reward server: each score and every extra key equal a direct call.
+An infrastructure failure raises by default and masks on request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
+import time
+from typing import Any
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 pytest.importorskip("verl", reason="verl is the train extra: pip install -e .[train]")
 
-from reward_server.app import start_app
-from reward_server.client import RewardCallError
-from reward_server.config import load_config
+from reward_server.integrations import verl as rv
 from trainer import verl_runner
 from trainer.data.prepare import build_rows, sample_records
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
 GOOD = json.dumps([{"rule": 'The review opens with the word "Honestly".'},
                    {"rule": 'The review mentions "my kids" using the product.'}])
-
-
-def sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x))
+OTHER = json.dumps([{"rule": 'The review opens with the word "Honestly".'},
+                    {"rule": 'The review mentions the word "battery".'}])
+RESPONSES = [GOOD, "not json", OTHER, GOOD]
 
 
 @pytest.fixture(scope="module")
-def tokenizer_path() -> str:
-    from reward_server.backends.smollm2 import local_smollm2_path
-    from reward_server.errors import ModelLoadError
-
-    try:
-        return str(local_smollm2_path())
-    except ModelLoadError as e:
-        pytest.skip(f"no local SmolLM2 tokenizer: {e}")
+def tokenizer_path(smollm2_path) -> str:  # type: ignore[no-untyped-def]
+    return str(smollm2_path)
 
 
-@pytest_asyncio.fixture(scope="module")
-async def server() -> AsyncIterator[str]:
-    config = load_config(overrides=["server.port=0", "server.drain_delay_s=0",
-                                    "engines={judge: {kind: fake}, nli: {kind: fake}}"], env={})
-    app = await start_app(config)
-    yield f"127.0.0.1:{app.port}"
-    await app.stop(grace=1.0, drain_delay=0)
-
-
-def worker(tokenizer_path: str, target: str, *extra: str):  # type: ignore[no-untyped-def]
-    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+def manager(tokenizer_path: str, target: str, *extra: str) -> Any:
+    from verl.experimental.reward_loop import RewardLoopManager
 
     config = verl_runner.compose("rubric_generator", [
         f"actor_rollout_ref.model.path={tokenizer_path}",
+        "reward.num_workers=2",
         f"reward.custom_reward_function.reward_kwargs.reward_server={target}",
-        "reward.custom_reward_function.reward_kwargs.max_retries=0",
-        "reward.custom_reward_function.reward_kwargs.timeout_s=20",
+        "reward.custom_reward_function.reward_kwargs.attempts=1",
+        "reward.custom_reward_function.reward_kwargs.deadline_s=3",
         *extra,
     ])
-    return RewardLoopWorker(config)
+    return RewardLoopManager(config)
 
 
-def batch(tokenizer_path: str, rows: list[dict], responses: list[str]):  # type: ignore[no-untyped-def]
+def stop(mgr: Any) -> None:
+    import ray
+
+    names = [f"reward_loop_worker_{i}" for i in range(len(mgr.reward_loop_workers))]
+    for w in mgr.reward_loop_workers:
+        ray.kill(w)
+    deadline = time.monotonic() + 30
+    for name in names:  # the next manager reuses the names
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.2)
+
+
+def batch(tokenizer_path: str, rows: list[dict], responses: list[str]) -> tuple[Any, list[str]]:
+    """A DataProto shaped as verl builds it for the reward loop; and the decoded responses."""
     import torch
     from transformers import AutoTokenizer
     from verl import DataProto
@@ -70,10 +75,11 @@ def batch(tokenizer_path: str, rows: list[dict], responses: list[str]):  # type:
     width = max(len(e) for e in enc)
     resp = torch.full((len(enc), width), tok.pad_token_id or 0, dtype=torch.long)
     mask = torch.zeros((len(enc), 4 + width), dtype=torch.long)
+    mask[:, :4] = 1
     for i, e in enumerate(enc):
         resp[i, : len(e)] = torch.tensor(e)
-        mask[i, : 4 + len(e)] = 1
-    return DataProto.from_dict(
+        mask[i, 4: 4 + len(e)] = 1
+    data = DataProto.from_dict(
         tensors={"prompts": torch.ones((len(enc), 4), dtype=torch.long), "responses": resp,
                  "attention_mask": mask},
         non_tensors={
@@ -82,44 +88,62 @@ def batch(tokenizer_path: str, rows: list[dict], responses: list[str]):  # type:
             "extra_info": np.array([dict(r["extra_info"]) for r in rows], dtype=object),
         },
     )
+    return data, [tok.decode(e, skip_special_tokens=True) for e in enc]
 
 
-def expected_parl_a() -> float:
-    # enthusiast's target has both terms (p=0.98 each): S_T = 0.98; baselines Non, RAG, SFT,
-    # SFT+GRPO have neither (S=0.02), GRPO starts with "Honestly" (S=(0.98+0.02)/2=0.5).
-    gamma = sigmoid(20 * 0.96) ** 4 * sigmoid(20 * 0.48)
-    return 0.1 + 10 * 1.0 * 0.98 * gamma
+def direct(rows: list[dict], texts: list[str], **kwargs: Any) -> list[dict[str, float]]:
+    async def all_() -> list[dict[str, float]]:
+        try:
+            return [await rv.compute_score(r["data_source"], t, None, dict(r["extra_info"]), **kwargs)
+                    for r, t in zip(rows, texts, strict=True)]
+        finally:
+            await rv.close_clients()
+
+    return asyncio.run(all_())
 
 
-async def test_naive_reward_loop_scores_each_rollout(tokenizer_path: str, server: str) -> None:
-    rows = build_rows(sample_records()[:1] * 3, "rubric_generator")
-    w = worker(tokenizer_path, server)
-    out = await w.compute_score_batch(batch(tokenizer_path, rows, [GOOD, "not json", GOOD]))
-    good, bad, good2 = (o["reward_extra_info"] for o in out)
-    assert out[0]["reward_score"] == pytest.approx(expected_parl_a(), rel=1e-9)
-    assert good["s_target"] == pytest.approx(0.98) and good["n_valid"] == 2.0
-    assert good["policy_invalid"] == 0.0 and good["reward_masked"] == 0.0
-    assert out[1]["reward_score"] == 0.0 and bad["policy_invalid"] == 1.0
-    assert math.isnan(bad["s_target"]) and bad["n_parsed"] == 0.0
-    assert set(good) == set(bad) == set(good2)  # verl takes the keys from the first result
-    assert out[2]["reward_score"] == out[0]["reward_score"]
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9)
 
 
-async def test_infra_failure_raises_by_default(tokenizer_path: str) -> None:
-    rows = build_rows(sample_records()[:1], "rubric_generator")
-    w = worker(tokenizer_path, "127.0.0.1:1")
-    with pytest.raises(RewardCallError) as err:
-        await w.compute_score_batch(batch(tokenizer_path, rows, [GOOD]))
-    assert err.value.code.name == "UNAVAILABLE"
+def test_reward_loop_manager_scores_like_direct_calls_and_raises_on_infra_failure(
+    ray_session, thread_server, tokenizer_path
+) -> None:
+    server = thread_server()
+    rows = build_rows(sample_records()[:2] * 2, "rubric_generator")
+    data, texts = batch(tokenizer_path, rows, RESPONSES)
+    mgr = manager(tokenizer_path, server.target)
+    try:
+        assert len(mgr.reward_loop_workers) == 2
+        out = mgr.compute_rm_score(data)
+        want = direct(rows, texts, reward_server=server.target)
+        # the score sits on the last valid response token, as verl's naive manager places it
+        scores = out.batch["rm_scores"].sum(dim=-1).tolist()
+        assert [scores[i] == pytest.approx(w["score"], rel=1e-6) for i, w in enumerate(want)] == [True] * 4
+        assert out.meta_info["reward_extra_keys"] == list(want[0])  # from the first result
+        for key in want[0]:
+            got = out.non_tensor_batch[key].tolist()
+            assert all(same(g, w[key]) for g, w in zip(got, want, strict=True)), key
+        assert out.non_tensor_batch["policy_invalid"].tolist() == [0.0, 1.0, 0.0, 0.0]
+        assert want[0]["score"] != want[2]["score"]  # a real, discriminating reward
+
+        server.stop()  # the server goes away: the default raises with the server's status
+        with pytest.raises(Exception, match="UNAVAILABLE") as err:
+            mgr.compute_rm_score(data)
+        assert "RewardCallError" in repr(err.value)
+    finally:
+        stop(mgr)
 
 
-async def test_infra_failure_masked_on_request(tokenizer_path: str) -> None:
-    from trainer import reward_fn
-
+def test_reward_loop_manager_masks_infra_failures_on_request(ray_session, tokenizer_path) -> None:
     rows = build_rows(sample_records()[:2], "rubric_generator")
-    w = worker(tokenizer_path, "127.0.0.1:1",
-               "reward.custom_reward_function.reward_kwargs.mask_infra_failures=true")
-    out = await w.compute_score_batch(batch(tokenizer_path, rows, [GOOD, GOOD]))
-    for o in out:
-        assert math.isnan(o["reward_score"]) and o["reward_extra_info"]["reward_masked"] == 1.0
-    assert reward_fn.counters()["masked"] >= 0  # the file-loaded copy keeps its own counters
+    data, _ = batch(tokenizer_path, rows, [GOOD, GOOD])
+    mgr = manager(tokenizer_path, "127.0.0.1:1",
+                  "reward.custom_reward_function.reward_kwargs.mask_infra_failures=true")
+    try:
+        out = mgr.compute_rm_score(data)
+    finally:
+        stop(mgr)
+    assert all(math.isnan(s) for s in out.batch["rm_scores"].sum(dim=-1).tolist())
+    assert out.non_tensor_batch["reward_masked"].tolist() == [1.0, 1.0]
+    assert set(out.meta_info["reward_extra_keys"]) == set(rv.masked_dict("parl_reward"))

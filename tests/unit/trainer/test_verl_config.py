@@ -1,14 +1,18 @@
-"""Our overlays compose with verl's own Hydra config and pass verl's own validation (CPU)."""
+"""Our overlays compose with verl's own Hydra config, carry only keys verl has, name a registered
+estimator, and pass verl's own validation (CPU); ``--check-config`` says clearly what is wrong."""
 
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("verl", reason="verl is the train extra: pip install -e .[train]")
 
-from trainer import verl_runner
+from reward_server.errors import ConfigError
+from trainer import run, verl_runner
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +31,19 @@ def test_paper_hyperparameters_land_in_verls_config(parl_config) -> None:
     assert a.clip_ratio == 0.2
     assert (r.n, r.temperature, r.top_p) == (5, 0.6, 0.95)
     assert c.trainer.total_epochs == 4
-    assert c.reward.custom_reward_function.path == "trainer/reward_fn.py"
+    # our pieces, by package path (one module per verl process, not a file exec'd per worker)
+    assert c.reward.custom_reward_function.path == "pkg://reward_server.integrations.verl"
     assert c.reward.custom_reward_function.name == "compute_score"
+    assert c.trainer.v1.sampler.custom_sampler.path == "pkg://reward_server.integrations.verl_sampler"
+    assert c.trainer.save_freq > 0 and "hf_model" in a.checkpoint.save_contents
     assert c.data.train_files == "x.parquet"
-    # verl's own defaults are still there underneath
-    assert c.actor_rollout_ref.actor.ppo_epochs == 1
+    assert c.actor_rollout_ref.actor.ppo_epochs == 1  # verl's own defaults are still underneath
 
 
-def test_overlays_pass_verls_validation(parl_config) -> None:
-    verl_runner.validate(parl_config)
-    verl_runner.validate(verl_runner.compose("personalized_generator"))
+@pytest.mark.parametrize("preset", verl_runner.PRESETS)
+def test_both_presets_pass_our_checks_and_verls_validation(preset) -> None:
+    verl_runner.check(verl_runner.compose(preset), preset)
+    assert verl_runner.unknown_overlay_keys(preset) == []
 
 
 def test_verls_validation_rejects_a_bad_override() -> None:
@@ -46,11 +53,43 @@ def test_verls_validation_rejects_a_bad_override() -> None:
         verl_runner.validate(bad)
 
 
-def test_unknown_key_is_refused_by_hydra() -> None:
-    from hydra.errors import ConfigCompositionException
+def test_unknown_key_on_the_command_line_is_refused_by_hydra(capsys) -> None:
+    rc = run.main(["--engine", "verl", "--check-config", "algorithm.no_such_key=1"])
+    assert rc == 2 and "Could not override 'algorithm.no_such_key'" in capsys.readouterr().err
 
-    with pytest.raises(ConfigCompositionException):
-        verl_runner.compose("rubric_generator", ["algorithm.no_such_key=1"])
+
+def test_a_misspelt_overlay_key_passes_verl_but_not_our_check(tmp_path) -> None:
+    conf = tmp_path / "config"  # our config dir, with a rollout key misspelt in paper_grpo.yaml
+    shutil.copytree(verl_runner.CONFIG_DIR, conf)
+    text = (conf / "paper_grpo.yaml").read_text()
+    assert "    temperature: 0.6" in text
+    (conf / "paper_grpo.yaml").write_text(text.replace("    temperature: 0.6", "    temprature: 0.6"))
+    config = verl_runner.compose("rubric_generator", config_dir=conf)
+    verl_runner.validate(config)  # verl's own validation does not see it
+    assert verl_runner.unknown_overlay_keys("rubric_generator", conf) == [
+        "paper_grpo.yaml: actor_rollout_ref.rollout.temprature"]
+    with pytest.raises(ConfigError, match="temprature: not a key of verl's ppo_trainer config"):
+        verl_runner.check(config, "rubric_generator", conf)
+
+
+def test_check_config_names_an_unregistered_estimator_and_a_bad_reward_kwarg(capsys) -> None:
+    rc = run.main(["--engine", "verl", "--check-config", "algorithm.adv_estimator=grpo_maskd",
+                   "+reward.custom_reward_function.reward_kwargs.deadline=3"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "algorithm.adv_estimator='grpo_maskd' is not a registered estimator" in err
+    assert "'grpo_masked'" in err  # the choices are listed
+    assert "unknown ['deadline']" in err and "'deadline_s'" in err
+
+
+def test_check_config_refuses_masking_without_the_masked_estimator(capsys) -> None:
+    rc = run.main(["--engine", "verl", "--check-config",
+                   "reward.custom_reward_function.reward_kwargs.mask_infra_failures=true"])
+    assert rc == 2 and "needs algorithm.adv_estimator=grpo_masked" in capsys.readouterr().err
+    rc = run.main(["--engine", "verl", "--check-config", "--mask-infra-failures",
+                   "--reward-server", "h:1", "--deadline-s", "30"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "adv_estimator: grpo_masked" in out and "deadline_s: 30.0" in out
 
 
 def test_grpo_masked_leaves_masked_samples_out() -> None:
@@ -58,16 +97,31 @@ def test_grpo_masked_leaves_masked_samples_out() -> None:
     import torch
     from verl.trainer.ppo import core_algos
 
-    import trainer.reward_fn as rf
+    from reward_server.integrations import verl as rv
 
-    rf.register_verl_extensions()
-    fn = core_algos.get_adv_estimator_fn(rf.MASKED_ESTIMATOR)
-    rewards = torch.zeros((4, 3))
-    rewards[:, 2] = torch.tensor([1.0, 3.0, float("nan"), 5.0])
-    mask = torch.ones((4, 3))
+    fn = core_algos.get_adv_estimator_fn(rv.MASKED_ESTIMATOR)
+    rewards = torch.zeros((5, 3))
+    rewards[:, 2] = torch.tensor([1.0, 3.0, float("nan"), 5.0, 7.0])
+    mask = torch.ones((5, 3))
+    mask[4] = 0.0  # masked as verl_sampler carries it: all-zero response mask
     adv, _ = fn(token_level_rewards=rewards, response_mask=mask,
-                index=np.array(["g", "g", "g", "h"]), epsilon=0.0)
+                index=np.array(["g", "g", "g", "h", "g"]), epsilon=0.0)
     # group g: valid {1, 3}: mean 2, unbiased std sqrt(2); h: singleton -> mean 0, std 1
     s = math.sqrt(2.0)
-    assert adv[:, 0].tolist() == pytest.approx([-1 / s, 1 / s, 0.0, 5.0])
-    assert not torch.isnan(rewards).any()  # zeroed in place so verl's metrics stay finite
+    assert adv[:, 0].tolist() == pytest.approx([-1 / s, 1 / s, 0.0, 5.0, 0.0])
+    assert not torch.isnan(rewards).any()  # zeroed in place
+
+
+def test_relative_output_dir_inside_a_ray_job_is_refused(tmp_path, monkeypatch) -> None:
+    job_dir = tmp_path / "session" / "runtime_resources" / "working_dir_files" / "_ray_pkg_x"
+    job_dir.mkdir(parents=True)
+    monkeypatch.chdir(job_dir)
+    args = run.parser().parse_args(["--engine", "trl", "--output-dir", "runs"])
+    with pytest.raises(SystemExit, match="Pass an absolute path"):
+        run.run_dir(args, "pg")
+    args = run.parser().parse_args(["--engine", "trl", "--output-dir", str(tmp_path / "out"),
+                                    "--run-name", "r1"])
+    assert run.run_dir(args, "pg") == tmp_path / "out" / "r1"
+    with pytest.raises(SystemExit, match="runs never overwrite each other"):
+        run.run_dir(args, "pg")
+    assert Path(tmp_path / "out" / "r1").is_dir()

@@ -1,6 +1,23 @@
-"""``extra_info`` (as written by :mod:`trainer.tasks.common`) + a rollout -> a reward item.
+"""The ``extra_info`` contract: one training row's reward inputs -> a reward-server item.
 
-Also the fixed component keys each kind reports to the trainer, read from the server's one
+``python -m trainer.data.prepare`` writes, per prompt, an ``extra_info`` dict (verl parquet
+column ``extra_info``; TRL parquet column ``extra_info_json``, the same dict as JSON) holding
+everything its reward needs; the TRL and verl reward functions of this package turn it plus one
+rollout into a :class:`~reward_server.domain.ScoreItem`. Keys (unused ones empty)::
+
+    kind          "parl_reward" | "rubric_score" | "nli_constraints" | "weighted"
+    task          "amazon" | "news" | "reddit" | "generic"
+    user_id, index
+    history       [{"context", "text"}, ...]   (oldest first; PARL validation needs it)
+    target        {"context", "text"}          (the user's held-out item)
+    baselines     [str]                        (PARL negatives)
+    variant       "0" | "A" | "B"              (PARL)
+    rules         [str]                        (the user's rubric: rubric_score)
+    answer, preference                         (NLICV constraints)
+    weights       {"rubric_score": w, "nli_constraints": w}   (weighted)
+    aggregate, nli_reward_function             ("" = server default)
+
+Also the fixed component keys each kind reports to a trainer, read from the server's one
 declaration (:mod:`reward_server.components`): verl builds its per-sample metric arrays from the
 FIRST result's keys, so every result of a run must carry the same keys. A component the server
 did not compute (e.g. after a policy-invalid output) is NaN.

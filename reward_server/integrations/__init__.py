@@ -1,0 +1,14 @@
+"""Reward functions for RL frameworks, backed by the reward server.
+
+- :mod:`reward_server.integrations.trl`: :class:`~reward_server.integrations.trl.RewardServerReward`,
+  an async reward function for TRL's ``GRPOTrainer(reward_funcs=[...])``.
+- :mod:`reward_server.integrations.verl`: ``compute_score`` for verl's
+  ``reward.custom_reward_function`` (``path: pkg://reward_server.integrations.verl``) and the
+  ``grpo_masked`` advantage estimator; :mod:`reward_server.integrations.verl_sampler`: verl's
+  replay buffer with the reward's components in every step's metrics.
+- :mod:`reward_server.integrations.extra_info`: the per-row ``extra_info`` both read (written by
+  ``python -m trainer.data.prepare``).
+
+Each needs only the base install (grpcio, protobuf, pydantic); the framework itself is imported
+by the framework's own process.
+"""

@@ -1,0 +1,156 @@
+"""TRL: the reward server as a GRPO reward function.
+
+    from trl import GRPOConfig, GRPOTrainer
+    from reward_server.integrations.trl import RewardServerReward
+
+    reward = RewardServerReward("127.0.0.1:50051")
+    trainer = GRPOTrainer(model=..., reward_funcs=[reward], args=GRPOConfig(...),
+                          train_dataset=Dataset.from_parquet("data/pg/trl_train.parquet"))
+
+The dataset needs the column ``extra_info_json`` (one JSON object per prompt, written by
+``python -m trainer.data.prepare``; see :mod:`reward_server.integrations.extra_info`). TRL
+repeats it for each completion and passes it as a keyword argument.
+
+:class:`RewardServerReward` is an async callable, so TRL (1.16+) awaits it on its own event
+loop, concurrently with its other async reward functions. Each call sends ONE Score request
+holding every completion of the generation batch. It logs, through TRL's ``log_metric``, the
+mean of each of the reward kind's components (``reward/s_target``, ``reward/gamma``, ...), the
+share of policy-invalid outputs (``reward/policy_invalid``), of masked samples
+(``reward/masked``) and the seconds the call took (``reward/wait_s``).
+
+A failed call (server away past the retry budget, an engine error) raises with the server's
+status by default. With ``mask_infra_failures=True`` it returns ``None`` for those completions
+instead: TRL then leaves them out of their group's mean and std and gives them zero advantage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
+from reward_server.domain import ItemResult, ItemStatus, ScoreItem
+from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
+
+logger = logging.getLogger(__name__)
+EXTRA_INFO_COLUMN = "extra_info_json"
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes a conversational completion as a list of messages, a plain one as a string."""
+    if isinstance(completion, list) and completion and isinstance(completion[-1], Mapping):
+        return str(completion[-1].get("content") or "")
+    return str(completion)
+
+
+def component_means(kinds: Sequence[str], results: Sequence[ItemResult]) -> dict[str, float]:
+    """Mean of each fixed component over the results that report it (finite values only),
+    and the share of policy-invalid outputs."""
+    values: dict[str, list[float]] = {"policy_invalid": []}
+    for kind, r in zip(kinds, results, strict=True):
+        values["policy_invalid"].append(1.0 if r.status is ItemStatus.POLICY_INVALID else 0.0)
+        for key in COMPONENT_KEYS.get(kind, ()):
+            value = r.components.get(key)
+            if value is not None and math.isfinite(value):
+                values.setdefault(key, []).append(float(value))
+    return {k: sum(v) / len(v) for k, v in values.items() if v}
+
+
+class RewardServerReward:
+    """TRL reward function backed by the reward server (one batched Score call per batch).
+
+    ``target``: ``host:port``; ``token``: bearer token (None: no auth); ``retry``: the client's
+    budget per call (attempts, backoff cap, deadline); ``mask_infra_failures``: return ``None``
+    for completions whose call failed instead of raising. ``metric_prefix`` prefixes what goes
+    to ``log_metric``.
+
+    For logs and tests it keeps, per call: ``calls`` (completions sent), ``history`` (the
+    logged means) and ``wait_s``; ``masked`` counts masked completions.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        retry: RetryBudget | None = None,
+        mask_infra_failures: bool = False,
+        extra_info_column: str = EXTRA_INFO_COLUMN,
+        metric_prefix: str = "reward/",
+        name: str = "reward_server",
+    ) -> None:
+        self.__name__ = name  # TRL's name for the function in its logs
+        self.target = target
+        self.token = token
+        self.retry = retry or RetryBudget()
+        self.mask_infra_failures = mask_infra_failures
+        self.extra_info_column = extra_info_column
+        self.metric_prefix = metric_prefix
+        self.calls: list[int] = []
+        self.history: list[dict[str, float]] = []
+        self.wait_s: list[float] = []
+        self.masked = 0
+        self._client: AsyncRewardClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client_here(self) -> AsyncRewardClient:
+        """A grpc.aio channel belongs to the loop it was made on: one client per loop."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = AsyncRewardClient(self.target, token=self.token, retry=self.retry)
+            self._loop = loop
+        return self._client
+
+    async def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> list[float | None]:
+        column = kwargs.get(self.extra_info_column)
+        if column is None:
+            raise ValueError(
+                f"the dataset has no {self.extra_info_column!r} column: prepare it with "
+                "`python -m trainer.data.prepare` (TRL parquet: trl_train.parquet)"
+            )
+        extras = [json.loads(e) if isinstance(e, str) else dict(e) for e in column]
+        texts = [completion_text(c) for c in completions]
+        stamp = time.monotonic_ns()
+        items = [ScoreItem(item_id=f"{e.get('user_id', '')}#{i}@{stamp}", spec=spec_from_extra_info(e, t))
+                 for i, (e, t) in enumerate(zip(extras, texts, strict=True))]
+        self.calls.append(len(items))
+        log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+        start = time.perf_counter()
+        try:
+            results = await self._client_here().score(items)
+        except RewardCallError as e:
+            self.wait_s.append(time.perf_counter() - start)
+            if not self.mask_infra_failures:
+                raise
+            self.masked += len(items)
+            logger.warning("reward masked for %d completions (%d so far): %s %s", len(items),
+                           self.masked, e.code.name, e.details)
+            self._log({"masked": 1.0, "wait_s": self.wait_s[-1]}, log_metric)
+            return [None] * len(items)
+        self.wait_s.append(time.perf_counter() - start)
+        means = component_means([str(e.get("kind") or "") for e in extras], results)
+        self._log({**means, "masked": 0.0, "wait_s": self.wait_s[-1]}, log_metric)
+        return [r.reward for r in results]
+
+    def _log(self, means: dict[str, float], log_metric: Callable[[str, float], None] | None) -> None:
+        self.history.append(means)
+        if callable(log_metric):
+            for key, value in means.items():
+                log_metric(f"{self.metric_prefix}{key}", value)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Close the client on the loop that runs it (TRL's, in its own thread), if still running."""
+        client, loop, self._client, self._loop = self._client, self._loop, None, None
+        if client is None or loop is None or loop.is_closed():
+            return
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(client.close(), loop).result(timeout_s)
+        else:
+            loop.run_until_complete(client.close())

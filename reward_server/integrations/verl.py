@@ -1,0 +1,214 @@
+"""verl (0.9.1): the reward server as verl's custom reward function, and the ``grpo_masked``
+advantage estimator. Imported by package path, so every verl process shares one module::
+
+    reward:
+      custom_reward_function:
+        path: pkg://reward_server.integrations.verl
+        name: compute_score
+        reward_kwargs: {reward_server: "HOST:50051"}    # or $REWARD_SERVER_ADDRESS
+
+verl's reward loop (``naive`` manager) awaits, once per finished rollout::
+
+    await compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...,
+                        **reward.custom_reward_function.reward_kwargs)
+
+Everything the reward needs is in ``extra_info`` (written by ``python -m trainer.data.prepare``,
+see :mod:`reward_server.integrations.extra_info`); the reward kwargs say where the server is and
+how long a call may try (:class:`reward_server.client.RetryBudget`): ``attempts``,
+``backoff_cap_s``, ``deadline_s``. The result is a dict with fixed keys (verl builds its metric
+arrays from the first result's keys): ``score``, ``policy_invalid``, ``reward_masked`` and the
+kind's components (a component the server did not report is NaN).
+
+An infrastructure failure never becomes a score. By default the call raises with the server's
+status and message; verl 0.9.1's v1 trainer treats that as a failed rollout: it logs the error,
+leaves the rollout out of its group and trains on the rest (when every rollout of a prompt
+failed, the step stops). With ``mask_infra_failures=True`` the sample is kept but masked
+(``score`` NaN, ``reward_masked`` 1): :mod:`reward_server.integrations.verl_sampler` turns it into
+a sample that contributes to no loss term and no metric, and ``grpo_masked`` leaves it out of
+its group's mean and std. Plain ``grpo`` would turn the whole group NaN: use
+``algorithm.adv_estimator=grpo_masked`` with masking.
+
+``grpo_masked`` is registered with verl when this module is imported in a process that has verl:
+the ``verl.plugins`` entry point of the installed package, or
+``VERL_USE_EXTERNAL_MODULES=reward_server.integrations.verl`` in the Ray runtime env (what
+``trainer/run.py`` sets), make verl import it in every process, the TaskRunner included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import logging
+import math
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
+from reward_server.domain import ItemResult, ItemStatus, ScoreItem
+from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
+
+logger = logging.getLogger(__name__)
+
+ADDRESS_ENV = "REWARD_SERVER_ADDRESS"
+TOKEN_ENV = "REWARD_SERVER_TOKEN"
+MASKED_ESTIMATOR = "grpo_masked"
+MODULE = __name__
+# keyword arguments verl's reward managers pass besides the four documented ones
+_VERL_CALL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+
+_clients: dict[tuple[Any, ...], AsyncRewardClient] = {}
+_lock = threading.Lock()
+_counts = {"scored": 0, "policy_invalid": 0, "masked": 0}
+
+
+def counters() -> dict[str, int]:
+    """Samples scored, policy-invalid and masked by this process (for logs and tests)."""
+    return dict(_counts)
+
+
+def _client(address: str, token: str | None, budget: RetryBudget) -> AsyncRewardClient:
+    """One client per (server, budget, event loop): grpc.aio channels belong to their loop."""
+    key = (address, token, budget, id(asyncio.get_running_loop()))
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = AsyncRewardClient(address, token=token, retry=budget)
+        return client
+
+
+def result_to_dict(kind: str, result: ItemResult) -> dict[str, float]:
+    """The fixed-key dict verl logs for one scored sample."""
+    assert result.reward is not None, "an OK/POLICY_INVALID result always carries a reward"
+    out = {"score": float(result.reward),
+           "policy_invalid": 1.0 if result.status is ItemStatus.POLICY_INVALID else 0.0,
+           "reward_masked": 0.0}
+    for key in COMPONENT_KEYS.get(kind, ()):
+        value = result.components.get(key)
+        out[key] = float(value) if value is not None else math.nan
+    return out
+
+
+def masked_dict(kind: str) -> dict[str, float]:
+    out = {"score": math.nan, "policy_invalid": 0.0, "reward_masked": 1.0}
+    out.update({k: math.nan for k in COMPONENT_KEYS.get(kind, ())})
+    return out
+
+
+async def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any = None,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    reward_server: str | None = None,
+    token_env: str = TOKEN_ENV,
+    attempts: int = RetryBudget.attempts,
+    backoff_cap_s: float = RetryBudget.backoff_cap_s,
+    deadline_s: float = RetryBudget.deadline_s,
+    mask_infra_failures: bool = False,
+    **verl_kwargs: Any,
+) -> dict[str, float]:
+    """Score one rollout on the reward server; see the module doc for the contract."""
+    unknown = sorted(set(verl_kwargs) - _VERL_CALL_KWARGS)
+    if unknown:
+        raise TypeError(f"compute_score got unknown reward_kwargs {unknown}; known: "
+                        f"{sorted(reward_kwarg_names())}")
+    if extra_info is None:
+        raise ValueError(f"{data_source}: extra_info is missing; prepare the data with "
+                         "`python -m trainer.data.prepare`")
+    address = reward_server or os.environ.get(ADDRESS_ENV)
+    if not address:
+        raise ValueError(f"no reward server address: set reward_kwargs.reward_server=host:port "
+                         f"or ${ADDRESS_ENV}")
+    kind = str(extra_info.get("kind") or "")
+    item = ScoreItem(item_id=f"{extra_info.get('user_id', '')}#{extra_info.get('index', 0)}",
+                     spec=spec_from_extra_info(extra_info, solution_str))
+    budget = RetryBudget(attempts=attempts, backoff_cap_s=backoff_cap_s, deadline_s=deadline_s,
+                         backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
+    client = _client(address, os.environ.get(token_env) or None, budget)
+    try:
+        (result,) = await client.score([item])
+    except RewardCallError as e:
+        if not mask_infra_failures:
+            raise
+        _counts["masked"] += 1
+        logger.warning("reward masked (%d so far) for %s user %s: %s %s", _counts["masked"],
+                       data_source, extra_info.get("user_id"), e.code.name, e.details)
+        return masked_dict(kind)
+    _counts["scored"] += 1
+    if result.status is ItemStatus.POLICY_INVALID:
+        _counts["policy_invalid"] += 1
+        logger.debug("policy-invalid output for user %s: %s", extra_info.get("user_id"),
+                     result.message)
+    return result_to_dict(kind, result)
+
+
+def reward_kwarg_names() -> frozenset[str]:
+    """The ``reward_kwargs`` :func:`compute_score` accepts (what a config may set)."""
+    params = inspect.signature(compute_score).parameters.values()
+    return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+async def close_clients() -> None:
+    """Close this event loop's clients (verl never calls it; tests do)."""
+    loop_id = id(asyncio.get_running_loop())
+    with _lock:
+        mine = [k for k in _clients if k[-1] == loop_id]
+        clients = [_clients.pop(k) for k in mine]
+    for c in clients:
+        await c.close()
+
+
+def grpo_masked_advantage(
+    token_level_rewards: Any,
+    response_mask: Any,
+    index: Any,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **_: Any,
+) -> tuple[Any, Any]:
+    """GRPO outcome advantage where masked samples are left out.
+
+    A sample is masked when its score is NaN (``mask_infra_failures``) or its response mask is
+    all zero (what :mod:`~reward_server.integrations.verl_sampler` makes of a masked sample,
+    as verl does for its padding samples). Per group (same ``index``): mean and std over the
+    unmasked scores only (a group with one unmasked sample gets mean 0, std 1, as verl's GRPO
+    does for singletons); masked samples get advantage 0. NaN rewards are zeroed in place.
+    """
+    import torch
+
+    scores = token_level_rewards.sum(dim=-1)
+    masked = torch.isnan(scores) | (response_mask.sum(dim=-1) == 0)
+    norm = True if config is None else bool(getattr(config, "norm_adv_by_std_in_grpo", True))
+    adv = torch.zeros_like(scores)
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(index):
+        if not bool(masked[i]):
+            groups.setdefault(key, []).append(i)
+    with torch.no_grad():
+        for members in groups.values():
+            vals = scores[members]
+            if len(members) == 1:
+                mean, std = torch.tensor(0.0), torch.tensor(1.0)
+            else:
+                mean, std = vals.mean(), vals.std()
+            out = vals - mean
+            adv[members] = out / (std + epsilon) if norm else out
+    token_level_rewards.nan_to_num_(nan=0.0)
+    advantages = adv.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def register() -> None:
+    """Register ``grpo_masked`` with verl's estimator registry (idempotent)."""
+    from verl.trainer.ppo import core_algos
+
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(MASKED_ESTIMATOR) is not grpo_masked_advantage:
+        core_algos.register_adv_est(MASKED_ESTIMATOR)(grpo_masked_advantage)
+
+
+if importlib.util.find_spec("verl") is not None:
+    register()

@@ -1,0 +1,78 @@
+"""Joining a Ray cluster: fail in seconds, with the fix, when Ray's token auth refuses us.
+
+Ray 2.60 turns token authentication on for every cluster it starts (``ray start``,
+``ray.init()``) unless ``RAY_AUTH_MODE=disabled``. A process joining such a cluster needs
+``RAY_AUTH_MODE=token`` and the cluster's token (``$RAY_AUTH_TOKEN``, the file
+``$RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``); without them ``ray.init(address=...)``
+prints ``InvalidAuthToken`` for ~20 s and ends in a bare ``ConnectionError``.
+:func:`check_cluster` asks the cluster's GCS once, before ``ray.init``, and turns a refusal into
+a :class:`~reward_server.errors.ConfigError` that says what to set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from reward_server.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+def auth_fix(address: str, detail: str) -> str:
+    mode = os.environ.get(AUTH_MODE_ENV)
+    have = f"{AUTH_MODE_ENV}={mode}" if mode else f"{AUTH_MODE_ENV} unset (= disabled for a client)"
+    return (
+        f"the Ray cluster at {address} refused this process ({detail.split('. ')[0][:200]}; "
+        f"this process: {have}). Ray 2.60 clusters require a token unless started with "
+        f"{AUTH_MODE_ENV}=disabled. Fix: export {AUTH_MODE_ENV}=token and give this process the "
+        "cluster's token, as RAY_AUTH_TOKEN=<token>, RAY_AUTH_TOKEN_PATH=<file> or the file "
+        "~/.ray/auth_token (`ray get-auth-token` on the head node prints it); for a cluster "
+        f"started with {AUTH_MODE_ENV}=disabled, export {AUTH_MODE_ENV}=disabled."
+    )
+
+
+def resolve(address: str) -> str | None:
+    """``host:port`` of the GCS for ``address`` (``auto`` included); None for a Ray client
+    address (``ray://``) or when there is nothing to join."""
+    if address.startswith("ray://"):
+        return None
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        gcs: str | None = canonicalize_bootstrap_address(address)
+        return gcs
+    except (ValueError, ConnectionError) as e:
+        raise ConfigError(f"Ray address {address!r}: {e}; give host:port of the head's GCS "
+                          "(`ray start --head` prints it) or `auto` on a cluster node") from None
+
+
+def _probe(gcs: str) -> None:
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    GcsClient(address=gcs).internal_kv_get(b"reward_server_probe", None, timeout=5)
+
+
+def check_cluster(address: str, *, timeout_s: float = 15.0) -> None:
+    """Raise :class:`ConfigError` when the cluster at ``address`` refuses our token auth.
+
+    Anything else (cluster not up yet, network) is left to ``ray.init``'s own handling."""
+    from ray.exceptions import AuthenticationError
+
+    gcs = resolve(address)
+    if gcs is None:
+        return
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        pool.submit(_probe, gcs).result(timeout_s)
+    except AuthenticationError as e:
+        raise ConfigError(auth_fix(address, str(e))) from None
+    except FutureTimeout:
+        logger.warning("Ray GCS at %s did not answer within %.0fs; trying ray.init anyway", gcs, timeout_s)
+    except Exception as e:
+        logger.debug("Ray GCS probe of %s: %r", gcs, e)
+    finally:
+        pool.shutdown(wait=False)
