@@ -121,7 +121,8 @@ async def start_app(
     check_port_free(config.server.host, config.server.port)  # before minutes of model loading
     http = config.server.http
     if http.port is not None:
-        check_port_free(http.host or config.server.host, http.port)
+        check_port_free(http.host or config.server.host, http.port,
+                        setting="--http-port / server.http.port or server.http.host")
     tracing.configure(enabled=config.server.tracing.enabled,
                       otlp_endpoint=config.server.tracing.otlp_endpoint)
     engines = start_engines(
@@ -156,8 +157,11 @@ async def start_app(
                      http=door)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """ConfigError now if ``host:port`` cannot be bound (0: any port, nothing to check)."""
+def check_port_free(
+    host: str, port: int, *, setting: str = "--port / server.port or --host / server.host"
+) -> None:
+    """ConfigError now if ``host:port`` cannot be bound (0: any port, nothing to check);
+    the message names ``setting``, where to choose another."""
     if port == 0:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -170,8 +174,7 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as e:
             raise ConfigError(
                 f"cannot bind {host}:{port} ({e.strerror}): the port is in use or the address is "
-                "not this machine's; choose another with --port / server.port (0 picks a free one) "
-                "or --host / server.host"
+                f"not this machine's; choose another with {setting} (0 picks a free port)"
             ) from None
 
 
