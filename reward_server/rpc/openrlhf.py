@@ -1,7 +1,7 @@
 """OpenRLHF's remote reward model protocol, over a Score call (the route ``POST /openrlhf/reward``
 of the HTTP/JSON door).
 
-OpenRLHF (``--reward.remote_url``; ``--remote_rm_url`` before 0.9) POSTs, per generated sample,
+OpenRLHF (``--reward.remote_url``; ``--remote_rm_url`` before 0.10.2) POSTs, per generated sample,
 ``{"query": [q], "prompts": [p], "labels": [l]}``: ``q`` is the prompt and the response decoded
 together with ``skip_special_tokens=False``, ``p`` the prompt as the dataset gave it (after the
 chat template when ``--data.apply_chat_template``), ``l`` the row's ``--data.label_key`` column.
@@ -64,8 +64,8 @@ def response_text(query: str, prompt: str, end_markers: Sequence[str], *, where:
     if rest is None:
         raise InvalidRequest(
             f"{where}: the query does not start with its prompt, so the response cannot be "
-            "found in it (was the prompt truncated? raise OpenRLHF's --data.prompt_max_len / "
-            "--max_len)"
+            "found in it (did OpenRLHF truncate the prompt? raise its --data.max_len or lower "
+            "--rollout.max_new_tokens)"
         )
     rest = rest.strip()
     trimmed = True
