@@ -3,37 +3,19 @@ default. Needs opentelemetry-sdk (Ray's serve extra brings it; skipped without).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import aiohttp
 import pytest
 
 from reward_server import domain as d
-from reward_server import tracing
 
 from .conftest import running_server
 
-sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk not installed")
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk not installed")
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 ITEM = d.ScoreItem("a", d.RubricScoreSpec("c", "coffee", ('The text mentions "coffee".',)))
 BODY = {"items": [{"id": "a", "rubric_score": {"context": "c", "text": "coffee",
                                                "rules": ['The text mentions "coffee".']}}]}
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, sdk.TracerProvider):  # the first test to need one sets it
-        provider = sdk.TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
-    yield exporter
-    tracing.configure(enabled=False)
-    exporter.shutdown()
 
 
 async def _one_of_each(overrides: list[str]) -> None:
