@@ -5,7 +5,7 @@ Routes (docs/http.md)::
     POST /v1/score            reward.v1.ScoreRequest         -> ScoreResponse
     POST /v1/induce_rubrics   reward.v1.InduceRubricsRequest -> InduceRubricsResponse
     POST /v1/verify           reward.v1.VerifyRequest        -> VerifyResponse
-    GET  /v1/info                                            -> InfoResponse
+    GET  /v1/info (or POST)                                  -> InfoResponse
     GET  /v1/health           {"status": "SERVING" | "NOT_SERVING", "down": {engine: why}}
     POST /openrlhf/reward     OpenRLHF's remote reward protocol (reward_server.rpc.openrlhf)
 
@@ -52,6 +52,7 @@ from reward_server.rpc.status import http_headers_for, http_status_for, message_
 
 logger = logging.getLogger(__name__)
 JSON = "application/json"
+PARSE_INLINE_BYTES = 256 * 1024  # larger bodies are parsed in a worker thread
 METHODS: dict[str, tuple[str, type[Message]]] = {  # path -> (method, request message)
     "/v1/score": ("Score", pb.ScoreRequest),
     "/v1/induce_rubrics": ("InduceRubrics", pb.InduceRubricsRequest),
@@ -92,7 +93,7 @@ class HttpDoor:
         routes = [Route(path, self._endpoint(rpc, cls), methods=["POST"])
                   for path, (rpc, cls) in METHODS.items()]
         routes += [
-            Route("/v1/info", self._info, methods=["GET"]),
+            Route("/v1/info", self._info, methods=["GET", "POST"]),
             Route("/v1/health", self._health, methods=["GET"]),
             Route("/openrlhf/reward", self._openrlhf, methods=["POST"]),
         ]
@@ -124,7 +125,8 @@ class HttpDoor:
     async def start(self) -> None:
         config = uvicorn.Config(
             self.app, log_config=None, access_log=False, lifespan="off",
-            timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)), server_header=False,
+            timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)),
+            limit_concurrency=self._settings.max_connections,  # more: 503 at once server_header=False,
         )
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(
@@ -193,8 +195,11 @@ class HttpDoor:
     def _endpoint(self, rpc: str, cls: type[Message]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             async def receive() -> bytes:
-                body = await self._body(request)
-                return jsonmap.parse(cls, body or b"{}").SerializeToString()
+                body = await self._body(request) or b"{}"
+                if len(body) < PARSE_INLINE_BYTES:
+                    return jsonmap.parse(cls, body).SerializeToString()
+                # json_format walks the JSON in Python: keep the event loop free meanwhile
+                return await asyncio.to_thread(lambda: jsonmap.parse(cls, body).SerializeToString())
 
             try:
                 return json_response(jsonmap.to_dict(await self._call(request, rpc, receive)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -310,4 +309,17 @@ def test_prepare_openrlhf_labels_are_the_extra_info_items(tmp_path: Path) -> Non
         assert out["input"] == row["prompt"] and out["datasource"] == row["data_source"]
         item = item_from_proto(json_format.Parse(out["label"], pb.ScoreItem()), 0)
         assert item.spec == spec_from_extra_info(row["extra_info"], "")
-    assert not math.isnan(len(rows))
+    assert len(rows) == len(sample_records())
+
+
+async def test_a_large_body_is_parsed_off_the_loop_with_the_same_answer(server: Running) -> None:
+    from reward_server.rpc.http import PARSE_INLINE_BYTES
+
+    items = [{"id": f"i{i}", "rubric_score": {"context": "c " * 10_000, "text": f"coffee {i} " * 2_000,
+                                              "rules": [RULES[0]]}} for i in range(8)]
+    body = {"items": items}
+    assert len(json.dumps(body)) > PARSE_INLINE_BYTES
+    status, _, reply = await _request("POST", f"{_base(server)}/v1/score", body, AUTH)
+    assert status == 200, reply
+    assert [r["id"] for r in reply["results"]] == [f"i{i}" for i in range(8)]
+    assert all(r["status"] == "ITEM_STATUS_OK" for r in reply["results"])
