@@ -126,7 +126,8 @@ class HttpDoor:
         config = uvicorn.Config(
             self.app, log_config=None, access_log=False, lifespan="off",
             timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)),
-            limit_concurrency=self._settings.max_connections,  # more: 503 at once server_header=False,
+            limit_concurrency=self._settings.max_connections,  # more: 503 at once
+            server_header=False,
         )
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(
