@@ -246,10 +246,13 @@ async def test_invalid_bodies_are_400(server: Running) -> None:
 async def test_load_shed_is_429_with_retry_after() -> None:
     async with running_server(["server.http.port=0",
                                "service.admission.max_judgments_in_flight=1"],
-                              judge=FakeJudge(latency_s=0.5)) as r:
+                              judge=FakeJudge(latency_s=1.0)) as r:
         one = {"items": [{"id": "a", "rubric_score": {"text": "coffee", "rules": [RULES[0]]}}]}
         slow = asyncio.create_task(_request("POST", f"{_base(r)}/v1/score", one))
-        await asyncio.sleep(0.2)
+        for _ in range(500):  # until the first call holds the one judgment
+            if r.service.admission.judgments:
+                break
+            await asyncio.sleep(0.01)
         status, headers, body = await _request("POST", f"{_base(r)}/v1/score", one)
         assert status == 429 and body["error"]["status"] == "RESOURCE_EXHAUSTED", body
         assert int(headers["Retry-After"]) >= 1
