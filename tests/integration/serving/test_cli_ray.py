@@ -53,10 +53,11 @@ class Ingress:
         for line in stream:
             into.append(line)
 
-    def wait_for(self, lines: list[str], text: str, timeout_s: float) -> str:
+    def wait_for(self, lines: list[str] | None, text: str, timeout_s: float) -> str:
+        """The first line holding ``text``, in ``lines`` (None: stdout and stderr)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for line in list(lines):
+            for line in list(lines) if lines is not None else [*self.out, *self.err]:
                 if text in line:
                     return line
             if self.proc.poll() is not None and not any(t.is_alive() for t in self._readers):
@@ -84,6 +85,10 @@ class Ingress:
     @property
     def stderr(self) -> str:
         return "".join(self.err)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.out) + "".join(self.err)
 
 
 def app_statuses(prefix: str) -> dict[str, str]:
@@ -149,9 +154,10 @@ async def test_kept_and_attached_apps_stay_and_the_log_is_the_servers_own(ray_se
         markers = [f"another job's worker says {uuid.uuid4().hex}" for _ in range(2)]
         for m in markers:  # the second reaching the keeper means the first reached everyone
             await asyncio.to_thread(ray_session.get, shout.remote(m))
-            await asyncio.to_thread(keeper.wait_for, keeper.err, m, 60)
+            await asyncio.to_thread(keeper.wait_for, None, m, 60)
         assert await asyncio.to_thread(attached.stop) == 0
-        assert not any(m in attached.stderr for m in markers), attached.stderr[-3000:]
+        assert not any(m in attached.output for m in markers), attached.output[-3000:]
+        assert "ServeController pid=" not in attached.output  # nor Serve's, of the test's job
         assert (f"left the attached Serve applications running (serving.ray.deploy=false never "
                 f"deletes): {prefix}-judge, {prefix}-nli") in attached.stderr
         assert app_statuses(prefix) == {"judge": "RUNNING", "nli": "RUNNING"}
