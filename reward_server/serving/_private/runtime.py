@@ -206,8 +206,8 @@ def _leave_apps(
                     ", ".join(deployed) or "none")
     elif deployed and settings.keep_apps_on_exit:
         logger.info("leaving the Serve applications this ingress deployed RUNNING: %s "
-                    "(serving.ray.keep_apps_on_exit=true; remove them with `serve shutdown` "
-                    "or serve.delete(name))", ", ".join(deployed))
+                    "(serving.ray.keep_apps_on_exit=true; remove them with serve.delete(name) in "
+                    "Python, or all applications with `serve shutdown`)", ", ".join(deployed))
     elif deployed:
         _blocking(lambda: _delete_apps(deployed))
         logger.info("deleted the Serve applications this ingress deployed: %s "
