@@ -128,6 +128,24 @@ def test_user_errors_are_one_line_and_debug_shows_the_traceback(served, tmp_path
     assert out.returncode == 1 and "is the server running at 127.0.0.1:1" in _one_line(out.stderr)
 
 
+def test_an_unreachable_ray_is_one_line_with_the_fix() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ("serve", "--fake", "--port", "0", "--address", f"127.0.0.1:{port}",
+            "--set", "logging.level=ERROR")
+    start = time.monotonic()
+    out = run_cli(*args)
+    line = _one_line(out.stderr)
+    assert out.returncode == 2 and time.monotonic() - start < 30  # not ray.init's minute of retries
+    assert line.startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port}"), line
+    assert "Connection refused" in line and "ray start --head" in line and "RAY_ADDRESS" in line
+    out = run_cli(*args, "--debug")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
 def test_score_output_is_written_whole_or_not_at_all(served, tmp_path) -> None:
     _, target = served
     good = '{"id": "a", "nli_constraints": {"response": "r", "answer": "a", "preference": "p"}}\n'
