@@ -619,7 +619,7 @@ async def engine_bug_and_health(args: argparse.Namespace) -> None:
     p = Phase("7/8. engine IndexError; every replica down, then back (in-process server)",
               no_health="n/a (in process)")
     item = d.ScoreItem("a", d.RubricScoreSpec("c", "coffee", ('It says "coffee".',)))
-    async with AsyncRewardClient(app.target, max_retries=3, backoff_base_s=0.01) as c:
+    async with AsyncRewardClient(app.target, max_retries=3, backoff_base_s=0.1) as c:
         judge.fail_with = IndexError("list index out of range")
         try:
             await c.score([item])

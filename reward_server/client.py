@@ -56,6 +56,8 @@ T = TypeVar("T")
 # reward.v1 call is idempotent, so such a call is resent like UNAVAILABLE.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                        grpc.StatusCode.CANCELLED})
+MIN_BACKOFF_S = 0.1  # shorter retry backoffs can hang a call in gRPC core (grpc/grpc#41036)
+STUCK_GRACE_S = 5.0  # a call gRPC has not ended this long after its deadline is cancelled here
 GRPC_MAX_ATTEMPTS = 5  # gRPC clamps retryPolicy.maxAttempts to this
 SERVICE = "reward.v1.RewardService"
 HEALTH = "grpc.health.v1.Health"  # a probe: no waiting, no retries
@@ -85,7 +87,9 @@ class RetryBudget:
     """Tries of a call answered UNAVAILABLE, RESOURCE_EXHAUSTED or CANCELLED (1 = no retry).
     Above gRPC's cap of 5 per call it runs in rounds of 5: rounded up to a multiple of 5."""
     backoff_initial_s: float = 0.2
-    """First retry backoff; doubles per retry (gRPC adds jitter)."""
+    """First retry backoff; doubles per retry (gRPC adds jitter). At least 0.1 s: with
+    shorter backoffs gRPC core (1.7x-1.8x) can leave a retried call hanging past its deadline
+    (grpc/grpc#41036; seen here at 0.01 s under load)."""
     backoff_cap_s: float = 5.0
     """Longest backoff between retries and between reconnect attempts."""
     deadline_s: float = 120.0
@@ -96,10 +100,11 @@ class RetryBudget:
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError(f"attempts must be >= 1 (got {self.attempts}); 1 means no retry")
-        if not (0 < self.backoff_initial_s <= self.backoff_cap_s):
+        if not (MIN_BACKOFF_S <= self.backoff_initial_s <= self.backoff_cap_s):
             raise ValueError(
-                f"need 0 < backoff_initial_s ({self.backoff_initial_s}) <= backoff_cap_s "
-                f"({self.backoff_cap_s})"
+                f"need {MIN_BACKOFF_S} <= backoff_initial_s ({self.backoff_initial_s}) <= "
+                f"backoff_cap_s ({self.backoff_cap_s}); below {MIN_BACKOFF_S} s gRPC's retries "
+                "can hang a call (grpc/grpc#41036)"
             )
         if not (self.deadline_s > 0 and math.isfinite(self.deadline_s)):
             raise ValueError(f"deadline_s must be a positive number of seconds (got {self.deadline_s})")
@@ -250,11 +255,20 @@ class AsyncRewardClient:
             left = deadline - time.monotonic()
             # keep a moment to ask the channel why, should the server stay away
             reserve = min(1.0, 0.1 * left) if wfr else 0.0
+            timeout = max(left - reserve, 0.001)
             try:
-                return await fn(request, timeout=max(left - reserve, 0.001), metadata=self._metadata,
-                                wait_for_ready=wfr)
+                # gRPC ends the call at its deadline; the outer bound only catches a call gRPC
+                # core itself left hanging (grpc/grpc#41036), so no call outlives its budget
+                return await asyncio.wait_for(
+                    fn(request, timeout=timeout, metadata=self._metadata, wait_for_ready=wfr),
+                    timeout + STUCK_GRACE_S)
             except grpc.aio.AioRpcError as e:
                 code, details = e.code(), e.details() or ""
+            except TimeoutError:
+                raise RewardCallError(
+                    method, grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"gRPC did not end the call {STUCK_GRACE_S:.0f} s after its deadline; cancelled "
+                    "by the client (grpc/grpc#41036)", attempts=made) from None
             if code is grpc.StatusCode.DEADLINE_EXCEEDED and wfr and self._unreachable():
                 code, details = await self._why_unreachable(method, request, reserve)
                 raise RewardCallError(method, code, details, attempts=made)

@@ -98,6 +98,27 @@ def test_the_budget_is_grpcs_service_config() -> None:
     assert b.rounds == 3  # 12 attempts: gRPC's cap of 5 per call, so up to 3 calls
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         RetryBudget(attempts=0)
+    with pytest.raises(ValueError, match="grpc/grpc#41036"):  # tiny backoffs can hang gRPC's retries
+        RetryBudget(backoff_initial_s=0.01)
+
+
+async def test_a_call_grpc_leaves_hanging_is_cancelled_after_its_deadline(monkeypatch) -> None:
+    """grpc/grpc#41036: gRPC core can leave a retried call pending past its deadline. The
+    client bounds every call anyway: a stub method that never returns (what such a call looks
+    like from Python) ends as DEADLINE_EXCEEDED shortly after the budget."""
+    from reward_server import client as client_mod
+
+    monkeypatch.setattr(client_mod, "STUCK_GRACE_S", 0.2)
+
+    async def never(request, **kw):
+        await asyncio.Event().wait()
+
+    async with AsyncRewardClient("127.0.0.1:1", retry=RetryBudget(deadline_s=0.3, wait_for_ready=False)) as c:
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(RewardCallError) as e:
+            await c._call("Score", never, None, None)
+        assert e.value.code is grpc.StatusCode.DEADLINE_EXCEEDED and "41036" in e.value.details
+        assert asyncio.get_running_loop().time() - t0 < 5.0
 
 
 def test_a_restart_may_reuse_the_port_but_a_live_listener_still_refuses_it() -> None:

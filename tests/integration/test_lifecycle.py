@@ -46,11 +46,11 @@ class FailingJudge(FakeJudge):
 async def test_client_retries_retryable_codes_within_budget(error, code) -> None:
     judge = FailingJudge(failures=2, error=error)
     async with running_server(judge=judge) as r:
-        async with r.client(max_retries=3, backoff_base_s=0.01, seed=1) as c:
+        async with r.client(max_retries=3, backoff_base_s=0.1, seed=1) as c:
             assert (await c.score([ITEM]))[0].status is d.ItemStatus.OK
             assert judge.calls == 3  # gRPC's retryPolicy: 2 failed tries, then the answer
         judge.calls, judge.failures = 0, 100
-        async with r.client(max_retries=2, backoff_base_s=0.01) as c:
+        async with r.client(max_retries=2, backoff_base_s=0.1) as c:
             with pytest.raises(RewardCallError) as e:
                 await c.score([ITEM])
         assert e.value.code is code and error.args[0] in e.value.details  # the server's status
@@ -60,11 +60,11 @@ async def test_client_retries_retryable_codes_within_budget(error, code) -> None
 async def test_a_budget_above_grpcs_cap_of_5_attempts_runs_in_rounds() -> None:
     judge = FailingJudge(failures=7, error=BackendUnavailable("judge restarting"))
     async with running_server(judge=judge) as r:
-        async with r.client(max_retries=7, backoff_base_s=0.01, backoff_cap_s=0.05, seed=1) as c:
+        async with r.client(max_retries=7, backoff_base_s=0.1, backoff_cap_s=0.2, seed=1) as c:
             assert (await c.score([ITEM]))[0].status is d.ItemStatus.OK
         assert judge.calls == 8  # 5 gRPC attempts, then a second round: 3 more
         judge.calls, judge.failures = 0, 100
-        async with r.client(max_retries=7, backoff_base_s=0.01, backoff_cap_s=0.05) as c:
+        async with r.client(max_retries=7, backoff_base_s=0.1, backoff_cap_s=0.2) as c:
             with pytest.raises(RewardCallError) as e:
                 await c.score([ITEM])
         assert e.value.code is grpc.StatusCode.UNAVAILABLE and e.value.attempts == 2  # rounds
@@ -126,7 +126,7 @@ async def test_a_cancellation_leaking_from_an_engine_is_unavailable_not_cancelle
 ])
 async def test_an_engine_bug_is_internal_once_and_infrastructure_is_retried(error, code, attempts) -> None:
     judge = FailingJudge(failures=100, error=error)
-    async with running_server(judge=judge) as r, r.client(max_retries=2, backoff_base_s=0.01) as c:
+    async with running_server(judge=judge) as r, r.client(max_retries=2, backoff_base_s=0.1) as c:
         with pytest.raises(RewardCallError) as e:
             await c.score([ITEM])
     assert e.value.code is code

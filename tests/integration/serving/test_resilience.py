@@ -200,7 +200,7 @@ async def test_a_replica_bug_is_internal_once_and_losing_every_replica_turns_hea
     app = await start_app(config, judge_factory=buggy)
     item = d.ScoreItem("a", d.RubricScoreSpec("c", "coffee", ('It says "coffee".',)))
     try:
-        async with AsyncRewardClient(app.target, max_retries=3, backoff_base_s=0.01) as c:
+        async with AsyncRewardClient(app.target, max_retries=3, backoff_base_s=0.1) as c:
             assert await c.health() == "SERVING"
             with pytest.raises(RewardCallError) as e:
                 await c.score([item])
