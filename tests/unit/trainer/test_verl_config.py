@@ -125,3 +125,12 @@ def test_relative_output_dir_inside_a_ray_job_is_refused(tmp_path, monkeypatch) 
     with pytest.raises(SystemExit, match="runs never overwrite each other"):
         run.run_dir(args, "pg")
     assert Path(tmp_path / "out" / "r1").is_dir()
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1:50051", "10.0.0.1:50051,10.0.0.2:50051"])
+def test_several_reward_server_addresses_reach_the_reward_kwargs_as_one_string(address) -> None:
+    args = run.parser().parse_args(["--engine", "verl", "--preset", "rubric_generator",
+                                  "--reward-server", address])
+    config = verl_runner.compose("rubric_generator", run.verl_overrides(args, []))
+    # one string, not a Hydra sweep; the client turns it into a round robin target
+    assert config.reward.custom_reward_function.reward_kwargs.reward_server == address
