@@ -80,7 +80,8 @@ def channel_target(target: Target) -> str:
         raise ValueError("no server address given: pass host:port, or several of them")
     if len(addresses) == 1:
         return addresses[0]
-    v4, v6 = [], []
+    v4: list[str] = []
+    v6: list[str] = []
     for a in addresses:
         host, sep, port = a.rpartition(":")
         if not sep or not port.isdigit():
