@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 NODE_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                    "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port",
@@ -60,7 +61,37 @@ class _EarlyExit(Exception):
     """``ray start`` exited before the head was up (typically: a port got taken)."""
 
 
-class LocalRayHead:
+class _RayProcess:
+    """``ray start ... --block`` run by this Python's ``ray``; a context manager."""
+
+    @property
+    def ray(self) -> str:
+        return str(Path(sys.executable).parent / "ray")
+
+    env: dict[str, str]
+    log_path: Path
+
+    def _launch(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        """In its own session (a signal to the test runner's group does not reach it)."""
+        log = self.log_path.open("wb")
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                start_new_session=True)
+
+    def start(self, timeout_s: float = 120.0) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class LocalRayHead(_RayProcess):
     """``ray start --head --block`` on this machine; ``address`` (GCS) and ``dashboard_url``
     (for ``ray job submit --address``) once started."""
 
@@ -72,10 +103,6 @@ class LocalRayHead:
         self.log_path = log_path or self.temp_dir / "head.log"
         self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
         self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def ray(self) -> str:
-        return str(Path(sys.executable).parent / "ray")
 
     @property
     def address(self) -> str:
@@ -103,9 +130,7 @@ class LocalRayHead:
                f"--num-cpus={self.num_cpus}", "--include-dashboard=true",
                "--dashboard-host=127.0.0.1", f"--temp-dir={self.temp_dir}",
                *(f"{flag}={port}" for flag, port in self.ports.items())]
-        log = self.log_path.open("wb")
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                      start_new_session=True)
+        self._proc = self._launch(cmd)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -153,13 +178,6 @@ class LocalRayHead:
                 proc.wait(10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def __enter__(self) -> LocalRayHead:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
 
 def _descendants(pid: int) -> list[int]:
     """``pid``'s children, grandchildren, ... (from /proc; Linux)."""
@@ -182,7 +200,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-class LocalRayWorker:
+class LocalRayWorker(_RayProcess):
     """A second Ray node on this machine: ``ray start --address=<head> --block`` with its own
     temp dir (a driver picks this node with ``ray.init(address, _temp_dir=temp_dir)``), free
     ports, ``num_cpus`` and custom ``resources``. :meth:`kill` takes the node away abruptly
@@ -200,21 +218,15 @@ class LocalRayWorker:
         self.log_path = log_path or self.temp_dir / "worker.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def ray(self) -> str:
-        return str(Path(sys.executable).parent / "ray")
-
     def start(self, timeout_s: float = 120.0) -> LocalRayWorker:
-        """Start it and wait until its raylet's socket exists (the node has registered)."""
+        """Start it and wait until ``ray start`` reports the node started."""
         ports = dict(zip(NODE_PORT_FLAGS, free_ports(len(NODE_PORT_FLAGS)), strict=True))
         cmd = [self.ray, "start", f"--address={self.head_address}", "--block",
                "--disable-usage-stats", f"--num-cpus={self.num_cpus}",
                f"--node-ip-address={self.node_ip}", f"--temp-dir={self.temp_dir}",
                f"--resources={json.dumps(self.resources)}",
                *(f"{flag}={port}" for flag, port in ports.items())]
-        log = self.log_path.open("wb")
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                      start_new_session=True)
+        self._proc = self._launch(cmd)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -266,10 +278,3 @@ class LocalRayWorker:
                 if self._owns(pid):
                     os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-    def __enter__(self) -> LocalRayWorker:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
