@@ -145,8 +145,8 @@ def _alive_nodes(ray: Any) -> list[str]:
 
 
 def wait_spread(ray: Any, nodes: set[str], timeout_s: float = 60.0) -> None:
-    """Until SPREAD tasks land on every node: the head's scheduler sees the new node (it learns
-    of it a moment after the GCS does), so the replicas deployed next spread over both."""
+    """Until SPREAD tasks land on every node: the head's scheduler knows the new node (it
+    learns of it a moment after the GCS does) before anything is pinned to it."""
 
     @ray.remote(num_cpus=0)
     def where() -> str:  # nested: pickled by value
