@@ -13,6 +13,12 @@ Resilience comes from gRPC itself, configured from one :class:`RetryBudget`:
   by gRPC with jittered exponential backoff (honouring the
   server's ``grpc-retry-pushback-ms``), up to ``attempts``.
 - one deadline per call (``deadline_s``) bounds all of it.
+- ``round_robin`` load balancing (service config): the target may name several servers (a
+  list, ``"10.0.0.1:50051,10.0.0.2:50051"``, ``ipv4:...`` or a ``dns:///name:port`` that
+  resolves to several addresses, e.g. a Kubernetes headless Service). gRPC keeps a
+  subchannel to each and spreads calls over the ready ones; a server that goes away drops out
+  of the rotation (its calls in flight fail UNAVAILABLE and the retryPolicy resends them to
+  a live one), and is used again once it reconnects.
 
 gRPC caps ``maxAttempts`` at 5 (larger values are clamped). For a budget above 5 attempts the
 client repeats the call in rounds of up to 5 gRPC attempts, sleeping a full-jitter backoff
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import logging
 import math
@@ -61,6 +68,48 @@ STUCK_GRACE_S = 5.0  # a call gRPC has not ended this long after its deadline is
 GRPC_MAX_ATTEMPTS = 5  # gRPC clamps retryPolicy.maxAttempts to this
 SERVICE = "reward.v1.RewardService"
 HEALTH = "grpc.health.v1.Health"  # a probe: no waiting, no retries
+_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+Target = str | Sequence[str]
+
+
+def channel_target(target: Target) -> str:
+    """The gRPC target for one server or several.
+
+    One ``host:port`` (or any target with a scheme, ``dns:///name:port`` included) is used as
+    it is. Several addresses (a list, or one string with commas) become gRPC's static
+    ``ipv4:a:p,b:q`` (or ``ipv6:[a]:p,...``) target, which round robin spreads calls over;
+    they must be IP addresses (``localhost`` counts as 127.0.0.1): for host names use one DNS
+    name that resolves to all of them.
+    """
+    if isinstance(target, str):
+        if target.startswith(_SCHEMES) or "," not in target:
+            return target.strip()
+        target = target.split(",")
+    addresses = [a.strip() for a in target if a.strip()]
+    if not addresses:
+        raise ValueError("no server address given: pass host:port, or several of them")
+    if len(addresses) == 1:
+        return addresses[0]
+    v4: list[str] = []
+    v6: list[str] = []
+    for a in addresses:
+        host, sep, port = a.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"server address {a!r} is not host:port")
+        host = "127.0.0.1" if host == "localhost" else host
+        try:
+            ip = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            raise ValueError(
+                f"several server addresses must be IP addresses ({a!r} is not): gRPC's "
+                "ipv4:/ipv6: targets hold no host names; for names, give one DNS name that "
+                "resolves to every server (dns:///reward.example:50051) or a load balancer"
+            ) from None
+        (v4 if ip.version == 4 else v6).append(f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}")
+    if v4 and v6:
+        raise ValueError(f"server addresses mix IPv4 and IPv6 ({addresses}); gRPC's static "
+                         "targets take one family: give one DNS name that resolves to all")
+    return ("ipv4:" + ",".join(v4)) if v4 else ("ipv6:" + ",".join(v6))
 
 
 class RewardCallError(RewardServerError):
@@ -120,8 +169,9 @@ class RetryBudget:
         return math.ceil(self.attempts / self.grpc_attempts)
 
     def service_config(self) -> str:
-        """The channel's gRPC service config (JSON): waitForReady and the retryPolicy of the
-        reward service; health checks stay probes (fail fast, no retry)."""
+        """The channel's gRPC service config (JSON): round_robin over the target's addresses,
+        waitForReady and the retryPolicy of the reward service; health checks stay probes
+        (fail fast, no retry)."""
         method: dict[str, Any] = {"name": [{"service": SERVICE}], "waitForReady": self.wait_for_ready}
         if self.grpc_attempts > 1:
             method["retryPolicy"] = {
@@ -132,7 +182,8 @@ class RetryBudget:
                 "retryableStatusCodes": sorted(c.name for c in RETRYABLE),
             }
         probe = {"name": [{"service": HEALTH}], "waitForReady": False}
-        return json.dumps({"methodConfig": [method, probe]})
+        return json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                           "methodConfig": [method, probe]})
 
     def channel_options(self) -> list[tuple[str, Any]]:
         cap_ms = int(self.backoff_cap_s * 1000)
@@ -178,7 +229,9 @@ def _budget(
 
 
 class AsyncRewardClient:
-    """Async client. ``target`` is ``host:port``; ``token`` adds ``authorization: Bearer``.
+    """Async client. ``target`` is ``host:port``, or several servers (see
+    :func:`channel_target`: a list, comma-separated, or a DNS name) that calls are spread over
+    round robin; ``token`` adds ``authorization: Bearer``.
 
     ``retry`` is the budget of every call. ``timeout_s`` (the per-call deadline),
     ``max_retries`` (attempts - 1), ``backoff_base_s`` and ``backoff_cap_s`` are shorthands
@@ -187,7 +240,7 @@ class AsyncRewardClient:
 
     def __init__(
         self,
-        target: str,
+        target: Target,
         *,
         token: str | None = None,
         retry: RetryBudget | None = None,
@@ -207,10 +260,10 @@ class AsyncRewardClient:
             *self.retry.channel_options(),
         ]
         self._tls_root_cert = tls_root_cert
-        self._channel = self._open(target, options)
+        self.target = channel_target(target)
+        self._channel = self._open(self.target, options)
         self._stub = pb_grpc.RewardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self.target = target
         self._rng = random.Random(seed)
 
     def _open(self, target: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
@@ -372,7 +425,7 @@ class RewardClient:
     :class:`AsyncRewardClient` (``retry=RetryBudget(...)``, ``timeout_s``, ``token``, ...).
     ``close()`` (or leaving the ``with`` block) closes the channel and joins the thread."""
 
-    def __init__(self, target: str, **kwargs: Any) -> None:
+    def __init__(self, target: Target, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"RewardClient({target})")
@@ -384,7 +437,7 @@ class RewardClient:
             raise
 
     @staticmethod
-    async def _make(target: str, kwargs: dict[str, Any]) -> AsyncRewardClient:
+    async def _make(target: Target, kwargs: dict[str, Any]) -> AsyncRewardClient:
         return AsyncRewardClient(target, **kwargs)  # on the client's loop: the channel's home
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:

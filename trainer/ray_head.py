@@ -12,6 +12,7 @@ with :meth:`LocalRayHead.stop` (it ends the ``ray start --block`` process, which
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -24,11 +25,12 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
-PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port",
-              "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-              "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port",
-              "--object-manager-port")
+NODE_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                   "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port",
+                   "--object-manager-port")
+PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", *NODE_PORT_FLAGS)
 
 
 def free_ports(n: int) -> list[int]:
@@ -59,7 +61,37 @@ class _EarlyExit(Exception):
     """``ray start`` exited before the head was up (typically: a port got taken)."""
 
 
-class LocalRayHead:
+class _RayProcess:
+    """``ray start ... --block`` run by this Python's ``ray``; a context manager."""
+
+    @property
+    def ray(self) -> str:
+        return str(Path(sys.executable).parent / "ray")
+
+    env: dict[str, str]
+    log_path: Path
+
+    def _launch(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        """In its own session (a signal to the test runner's group does not reach it)."""
+        log = self.log_path.open("wb")
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                start_new_session=True)
+
+    def start(self, timeout_s: float = 120.0) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class LocalRayHead(_RayProcess):
     """``ray start --head --block`` on this machine; ``address`` (GCS) and ``dashboard_url``
     (for ``ray job submit --address``) once started."""
 
@@ -71,10 +103,6 @@ class LocalRayHead:
         self.log_path = log_path or self.temp_dir / "head.log"
         self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
         self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def ray(self) -> str:
-        return str(Path(sys.executable).parent / "ray")
 
     @property
     def address(self) -> str:
@@ -102,9 +130,7 @@ class LocalRayHead:
                f"--num-cpus={self.num_cpus}", "--include-dashboard=true",
                "--dashboard-host=127.0.0.1", f"--temp-dir={self.temp_dir}",
                *(f"{flag}={port}" for flag, port in self.ports.items())]
-        log = self.log_path.open("wb")
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                      start_new_session=True)
+        self._proc = self._launch(cmd)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -152,9 +178,103 @@ class LocalRayHead:
                 proc.wait(10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def __enter__(self) -> LocalRayHead:
-        return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s children, grandchildren, ... (from /proc; Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+class LocalRayWorker(_RayProcess):
+    """A second Ray node on this machine: ``ray start --address=<head> --block`` with its own
+    temp dir (a driver picks this node with ``ray.init(address, _temp_dir=temp_dir)``), free
+    ports, ``num_cpus`` and custom ``resources``. :meth:`kill` takes the node away abruptly
+    (SIGKILL to its raylet, agents and workers at once), as a lost machine would."""
+
+    def __init__(self, head_address: str, *, num_cpus: int, node_ip: str = "127.0.0.1",
+                 resources: Mapping[str, float] | None = None,
+                 env: Mapping[str, str] | None = None, log_path: Path | None = None) -> None:
+        self.head_address = head_address
+        self.num_cpus = num_cpus
+        self.node_ip = node_ip
+        self.resources = dict(resources or {})
+        self.env = project_env(env)
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rw_", dir="/tmp"))
+        self.log_path = log_path or self.temp_dir / "worker.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120.0) -> LocalRayWorker:
+        """Start it and wait until ``ray start`` reports the node started."""
+        ports = dict(zip(NODE_PORT_FLAGS, free_ports(len(NODE_PORT_FLAGS)), strict=True))
+        cmd = [self.ray, "start", f"--address={self.head_address}", "--block",
+               "--disable-usage-stats", f"--num-cpus={self.num_cpus}",
+               f"--node-ip-address={self.node_ip}", f"--temp-dir={self.temp_dir}",
+               f"--resources={json.dumps(self.resources)}",
+               *(f"{flag}={port}" for flag, port in ports.items())]
+        self._proc = self._launch(cmd)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                self._proc = None
+                raise RuntimeError(f"ray start --address exited; see {self.log_path}")
+            if b"Ray runtime started" in self.log_path.read_bytes():
+                return self
+            time.sleep(0.5)
         self.stop()
+        raise RuntimeError(f"Ray worker node not up within {timeout_s:.0f}s; see {self.log_path}")
+
+    def pids(self) -> list[int]:
+        """``ray start`` and every process it started (raylet, agents, workers)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return []
+        return [self._proc.pid, *_descendants(self._proc.pid)]
+
+    def _owns(self, pid: int) -> bool:
+        try:
+            return str(self.temp_dir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+
+    def kill(self) -> list[int]:
+        """SIGKILL the whole node at once; returns the pids it killed."""
+        pids = self.pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._proc is not None:
+            self._proc.wait(10)
+            self._proc = None
+        return pids
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Leave gracefully (SIGTERM to ``ray start --block``); SIGKILL what is left after."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            rest = _descendants(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            for pid in rest:  # left behind (orphaned): only if still this node's process
+                if self._owns(pid):
+                    os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
                    help="verl: compose and check the config (ours and verl's checks), print it, do not train")
     p.add_argument("--data", type=Path, help="trl: folder (or trl_train.parquet) from prepare")
     p.add_argument("--reward-server", default=os.environ.get("REWARD_SERVER_ADDRESS"),
-                   help="host:port of the reward server (default $REWARD_SERVER_ADDRESS)")
+                   help="host:port of the reward server, or several comma-separated (one ingress per "
+                   "node: calls are spread round robin) (default $REWARD_SERVER_ADDRESS)")
     p.add_argument("--output-dir", type=Path, default=Path("runs"),
                    help="runs go to <output-dir>/<run-name>; inside a Ray job give an absolute path "
                         "(relative ones would land in Ray's package cache)")
@@ -124,7 +125,8 @@ def verl_overrides(args: argparse.Namespace, overrides: list[str]) -> list[str]:
         return any(o.lstrip("+").startswith(key + "=") for o in out)
 
     if args.reward_server and not given(prefix + "reward_server"):
-        out.append(f"{prefix}reward_server={args.reward_server}")
+        # quoted: Hydra would read "a:p,b:q" (several ingresses) as a sweep
+        out.append(f"{prefix}reward_server='{args.reward_server}'")
     for key, value in budget_overrides(args).items():
         if not given(prefix + key):
             out.append(f"{prefix}{key}={value}")

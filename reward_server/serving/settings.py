@@ -127,6 +127,11 @@ class RaySettings(BaseModel):
         "interfaces its core processes listen on; token auth (on by default) refuses peers "
         "without the token. Set the machine's address to let other nodes join."
     )
+    node_temp_dir: str | None = Field(
+        None, description="Joining only: attach this process to the Ray node on this host "
+        "that was started with this `--temp-dir` (several nodes on one host, as in the "
+        "multi-node tests); None: the head node if it runs on this host, else any node here."
+    )
     namespace: str = Field("reward_server", description="Ray namespace the ingress joins.")
     app_prefix: str = Field(
         "reward", description="Serve application names: <app_prefix>-judge, <app_prefix>-nli."

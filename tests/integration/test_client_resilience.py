@@ -89,7 +89,9 @@ def test_the_budget_is_grpcs_service_config() -> None:
     import json
 
     b = RetryBudget(attempts=12, backoff_initial_s=0.1, backoff_cap_s=2.0, deadline_s=60.0)
-    (method, probe) = json.loads(b.service_config())["methodConfig"]
+    config = json.loads(b.service_config())
+    assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    (method, probe) = config["methodConfig"]
     assert method["waitForReady"] is True and probe == {"name": [{"service": "grpc.health.v1.Health"}],
                                                         "waitForReady": False}
     assert method["retryPolicy"] == {"maxAttempts": 5, "initialBackoff": "0.100s", "maxBackoff": "2.000s",
@@ -132,3 +134,62 @@ def test_a_restart_may_reuse_the_port_but_a_live_listener_still_refuses_it() -> 
             check_port_free("127.0.0.1", live.getsockname()[1])
     # the restart test above rebinds its port right after the first server closed its
     # connections (TIME_WAIT): that must pass the check
+
+
+@pytest.mark.parametrize(("given", "target"), [
+    ("10.0.0.1:50051", "10.0.0.1:50051"),
+    ("dns:///reward.svc:50051", "dns:///reward.svc:50051"),
+    (["10.0.0.1:1"], "10.0.0.1:1"),
+    ("10.0.0.1:1, 10.0.0.2:2", "ipv4:10.0.0.1:1,10.0.0.2:2"),
+    (["localhost:1", "127.0.0.1:2"], "ipv4:127.0.0.1:1,127.0.0.1:2"),
+    (("[::1]:1", "[fe80::2]:2"), "ipv6:[::1]:1,[fe80::2]:2"),
+    ("ipv4:10.0.0.1:1,10.0.0.2:2", "ipv4:10.0.0.1:1,10.0.0.2:2"),
+])
+def test_several_addresses_become_one_round_robin_target(given: object, target: str) -> None:
+    from reward_server.client import channel_target
+
+    assert channel_target(given) == target  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("given", "why"), [
+    ("reward-a:1,reward-b:2", "must be IP addresses"),
+    (["10.0.0.1:1", "[::1]:2"], "mix IPv4 and IPv6"),
+    (["10.0.0.1", "10.0.0.2:2"], "is not host:port"),
+    ([], "no server address"),
+])
+def test_several_addresses_that_grpc_cannot_take_are_refused_with_the_fix(given: object, why: str) -> None:
+    from reward_server.client import channel_target
+
+    with pytest.raises(ValueError, match=why):
+        channel_target(given)  # type: ignore[arg-type]
+
+
+async def test_calls_spread_over_several_servers_and_a_dead_one_is_skipped() -> None:
+    """gRPC's round_robin over two servers: both get calls; after one is gone every call is
+    answered by the other, well inside the deadline (no waiting for the dead one)."""
+    ports = [free_port(), free_port()]
+    judges = [FakeJudge(), FakeJudge()]
+    apps = []
+    for port, judge in zip(ports, judges, strict=True):
+        config = load_config(overrides=[f"server.port={port}", "server.drain_delay_s=0",
+                                        "engines={judge: {kind: fake}, nli: {kind: fake}}"], env={})
+        apps.append(await start_app(config, judge_factory=lambda _s, j=judge: j,
+                                    nli_factory=lambda _s: FakeNLI()))
+    try:
+        async with AsyncRewardClient([f"127.0.0.1:{p}" for p in ports],
+                                     retry=RetryBudget(deadline_s=10.0)) as c:
+            assert c.target == f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
+            for s in range(20):
+                assert [r.status for r in await c.score(group(0, s, 1))] == [d.ItemStatus.OK]
+            assert all(j.batch_sizes for j in judges)  # both servers answered
+            await apps.pop().stop(grace=0.5, drain_delay=0)
+            served_before = len(judges[0].batch_sizes)
+            start = time.monotonic()
+            for s in range(20):
+                (r,) = await c.score(group(1, s, 1))
+                assert r.item_id == f"w1-s{s}-c0" and r.status is d.ItemStatus.OK
+            assert time.monotonic() - start < 5.0
+            assert len(judges[0].batch_sizes) >= served_before + 20  # all on the live one
+    finally:
+        for app in apps:
+            await app.stop(grace=0.5, drain_delay=0)

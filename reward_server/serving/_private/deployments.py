@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import ray
 from pydantic import TypeAdapter
 from ray import serve
 from ray.serve.metrics import Histogram
@@ -75,6 +76,7 @@ class _ReplicaBase:
             tag_keys=("method",),
         )
         ctx = serve.get_replica_context()
+        self._node_id = ray.get_runtime_context().get_node_id()
         self._replica_id = ctx.replica_id.unique_id
         self._actor_name = ctx.replica_id.to_full_id_str()
 
@@ -127,10 +129,11 @@ class _ReplicaBase:
         return [r for part in results for r in part]
 
     def batch_stats(self) -> dict[str, Any]:
-        """This replica's id and the sizes of the batches it formed, per method."""
+        """This replica's id, its Ray node and the sizes of the batches it formed, per method."""
         return {
             "replica_id": self._replica_id,
             "actor_name": self._actor_name,
+            "node_id": self._node_id,
             "batch_sizes": {m: list(log) for m, log in self._batch_log.items()},
         }
 

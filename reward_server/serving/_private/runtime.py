@@ -235,9 +235,10 @@ def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
     address = settings.address or os.environ.get("RAY_ADDRESS")
     if address:
         check_cluster(address)
-        logger.info("joining Ray cluster at %s (namespace %s)", address, settings.namespace)
+        logger.info("joining Ray cluster at %s (namespace %s, node %s)", address,
+                    settings.namespace, settings.node_temp_dir or "head or any on this host")
         ray.init(address=address, namespace=settings.namespace,
-                 log_to_driver=settings.log_to_driver)
+                 log_to_driver=settings.log_to_driver, _temp_dir=settings.node_temp_dir)
         return False, True
     logger.info("starting an embedded local Ray on %s", settings.local_node_ip)
     ray.init(

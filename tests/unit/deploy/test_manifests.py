@@ -174,11 +174,18 @@ def test_rayjob_runs_the_verl_trainer() -> None:
     from trainer.run import parser
 
     args, overrides = parser().parse_known_args(argv[2:])
-    assert args.engine == "verl" and args.reward_server == f"reward-server-grpc:{GRPC_PORT}"
+    # the headless Service: one address per ingress pod, spread round robin by the client
+    headless = f"dns:///reward-server-grpc-headless:{GRPC_PORT}"
+    assert args.engine == "verl" and args.reward_server == headless
     assert all("=" in o for o in overrides)  # the rest are Hydra key=value overrides
     assert spec["shutdownAfterJobFinishes"] is True
     env = yaml.safe_load(spec["runtimeEnvYAML"])
-    assert env["env_vars"]["REWARD_SERVER_ADDRESS"] == f"reward-server-grpc:{GRPC_PORT}"
+    assert env["env_vars"]["REWARD_SERVER_ADDRESS"] == headless
+    from reward_server.client import channel_target
+
+    assert channel_target(headless) == headless  # used as is: gRPC's dns resolver
+    service_names = {s["metadata"]["name"] for s in _docs("kuberay/rayservice.yaml")["Service"]}
+    assert "reward-server-grpc-headless" in service_names
     cluster = spec["rayClusterSpec"]
     assert cluster["rayVersion"] == ray.__version__
     (group,) = cluster["workerGroupSpecs"]

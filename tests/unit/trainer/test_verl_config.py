@@ -137,3 +137,12 @@ def test_the_retry_budget_goes_from_the_cli_into_the_reward_kwargs() -> None:
     kw = config.reward.custom_reward_function.reward_kwargs
     assert (kw.attempts, kw.deadline_s, kw.backoff_cap_s) == (2, 7.0, 0.5)  # what compute_score gets
     assert verl_runner.retry_budget(config) == RetryBudget(attempts=2, deadline_s=7.0, backoff_cap_s=0.5)
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1:50051", "10.0.0.1:50051,10.0.0.2:50051"])
+def test_several_reward_server_addresses_reach_the_reward_kwargs_as_one_string(address) -> None:
+    args = run.parser().parse_args(["--engine", "verl", "--preset", "rubric_generator",
+                                  "--reward-server", address])
+    config = verl_runner.compose("rubric_generator", run.verl_overrides(args, []))
+    # one string, not a Hydra sweep; the client turns it into a round robin target
+    assert config.reward.custom_reward_function.reward_kwargs.reward_server == address
