@@ -216,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ours, ours_tok, ours_s = r["ours"], r["ours_tok"], r["ours_s"]
     diff = max(abs(a - b) for a, b in zip(naive, ours, strict=True))
     sys.stdout.flush()
-    print(f"  (a) naive full prompts : {naive_tok:>9d} prefilled tokens  {naive_s:8.2f} s  {n / naive_s:7.1f} judgments/s")
-    print(f"  (b) prefix-shared + LRU: {ours_tok:>9d} prefilled tokens  {ours_s:8.2f} s  {n / ours_s:7.1f} judgments/s")
+    rows = (("(a) naive full prompts ", naive_tok, naive_s), ("(b) prefix-shared + LRU", ours_tok, ours_s))
+    for label, tok, sec in rows:
+        print(f"  {label}: {tok:>9d} prefilled tokens  {sec:8.2f} s  {n / sec:7.1f} judgments/s")
     print(f"  count check: the judge prefilled exactly the counted tokens: "
           f"{(naive_tok, ours_tok) == (expect['naive'], expect['ours'])}")  # fmt: skip
     print(f"  tokens ratio (b)/(a) = {ours_tok / naive_tok:.3f}")
