@@ -165,6 +165,20 @@ def count_tokens(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]]
     return out
 
 
+def scaling(judge: TransformersJudge, base: Shape, cache_size: int) -> None:
+    """Prefilled tokens of one GRPO group (one user) as rules per rollout and rollouts per group
+    grow, both paths, counted exactly (see :func:`count_tokens`)."""
+    print(f"\nSCALING from {base} (1 group; tokens prefilled per group)")
+    print("| varied | value | judgments | naive tokens | shared tokens | shared / naive | shared tokens per rollout |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, values in (("rules per rollout", (1, 5, 10, 20)), ("rollouts per group", (1, 2, 5, 8, 16))):
+        for v in values:
+            shape = replace(base, rules=v) if name.startswith("rules") else replace(base, rollouts=v)
+            c = count_tokens(judge, build(shape, judge.tokenizer), cache_size)
+            print(f"| {name} | {v} | {c['judgments']} | {c['naive']} | {c['ours']} | {c['ours'] / c['naive']:.3f} | "
+                  f"{c['ours'] / shape.rollouts:.0f} |")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for prefix, shape in (("count", PAPER), ("time", TIMED)):
@@ -177,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch intra-op threads (1 avoids oversubscription on a shared CPU box)")  # fmt: skip
     ap.add_argument("--small", action="store_true", help="time 1 user x 3 rollouts, 3 history, 2 baselines, 4 rules")
     ap.add_argument("--no-time", action="store_true", help="count only (seconds)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="count only: prefill per group vs rules per rollout and vs rollouts per group")  # fmt: skip
     args = ap.parse_args(argv)
 
     def shape(prefix: str) -> Shape:
@@ -203,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  (b) shared : {c['ours']:>9d} prefilled tokens ({c['ours'] / c['judgments']:.1f} per judgment; "
           f"{c['prefix_misses']} prefix runs, {c['evictions']} LRU evictions)")  # fmt: skip
     print(f"  tokens ratio (b)/(a) = {c['ours'] / c['naive']:.3f}   (target <= 0.10)")
-    if args.no_time:
+    if args.scaling:
+        scaling(judge, replace(count_shape, users=1), args.prefix_cache_size)
+    if args.no_time or args.scaling:
         return 0
     groups = build(time_shape, judge.tokenizer)
     n = sum(len(p) for r in groups for calls in r for p in calls)
