@@ -111,10 +111,13 @@ def judge_tokenizer(kit: Path) -> Path:
 # ----------------------------------------------------------------------------------- steps
 def step_pytest(ctx: Context) -> dict[str, Any]:
     xml = Path(ctx.args.out) / "pytest.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "tests/gpu", "-p", "no:cacheprovider", f"--junitxml={xml}",
-           "--timeout", "120"]  # fmt: skip
+    # Only the plugins the suite needs: a GPU image's own pytest plugins may not suit the pytest
+    # the kit carries.
+    cmd = [sys.executable, "-m", "pytest", "-q", "tests/gpu", "-p", "no:cacheprovider", "-p", "pytest_asyncio.plugin",
+           "-p", "pytest_timeout", f"--junitxml={xml}", "--timeout", "120"]  # fmt: skip
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=min(ctx.profile.pytest_timeout_s, max(10, ctx.left() - 200)))  # fmt: skip
     out: dict[str, Any] = {"rc": proc.returncode, "wall_s": time.perf_counter() - t,
                            "tail": (proc.stdout + proc.stderr)[-1500:]}  # fmt: skip
