@@ -52,6 +52,7 @@ class Profile:
     judge_shape: str
     judge_shape_kw: dict[str, int]
     judge_batch: int
+    judge_prefix_cache: int
     e2e_users: int
     e2e_nli_items: int
     pytest_timeout_s: int
@@ -60,6 +61,7 @@ class Profile:
 CUDA = Profile(
     nli_shape="deberta-v3-large", nli_lengths=(128, 256, 512), nli_pairs={128: 8192, 256: 4096, 512: 2048},
     judge_shape="qwen3-8b", judge_shape_kw={"users": 2}, judge_batch=32,
+    judge_prefix_cache=256,  # e2e: 8 users x 16 texts in flight; ~48 MB of KV per 330-token prefix
     e2e_users=8, e2e_nli_items=512, pytest_timeout_s=150,
 )  # fmt: skip
 CPU = Profile(
@@ -67,7 +69,7 @@ CPU = Profile(
     judge_shape="tiny-qwen3",
     judge_shape_kw={"users": 1, "rollouts": 2, "history": 3, "baselines": 2, "rules": 4, "min_tokens": 40,
                     "max_tokens": 80},
-    judge_batch=32, e2e_users=2, e2e_nli_items=16, pytest_timeout_s=120,
+    judge_batch=32, judge_prefix_cache=64, e2e_users=2, e2e_nli_items=16, pytest_timeout_s=120,
 )  # fmt: skip
 
 
@@ -165,13 +167,13 @@ def step_judge(ctx: Context) -> dict[str, Any]:
                                   device=ctx.device, dtype=dtype)  # fmt: skip
     ctx.judge = TransformersJudge.from_model(
         model, tok, model_id=f"random-{ctx.profile.judge_shape}", forward_batch_size=ctx.profile.judge_batch,
-        prefix_cache_size=64,
+        prefix_cache_size=ctx.profile.judge_prefix_cache,
     )  # fmt: skip
     sync()
     build_s = time.perf_counter() - t
     shape = rb.Shape(**ctx.profile.judge_shape_kw)
     groups = rb.build(shape, tok)
-    counted = rb.count_tokens(ctx.judge, groups, 64)
+    counted = rb.count_tokens(ctx.judge, groups, ctx.profile.judge_prefix_cache)
     warm = groups[0][0][1][: shape.rules]
     ctx.judge.p_yes_sync(warm, share_prefix=False)
     ctx.judge.p_yes_sync(warm, share_prefix=True)
@@ -291,7 +293,7 @@ def markdown(res: dict[str, Any]) -> str:
         s = res["steps"].get(name)
         if s is None:
             continue
-        if "error" in s or s.get("skipped"):
+        if "error" in s or s.get("skipped") is True:
             row(name, "status", s.get("error") or s.get("reason", "skipped"))
             continue
         if name == "pytest":
@@ -301,7 +303,7 @@ def markdown(res: dict[str, Any]) -> str:
         elif name == "nli":
             for r in s["rows"]:
                 row(name, f"{s['shape']} {s['dtype']}, {r['tokens_per_pair']} tokens/pair",
-                    f"{r['pairs_s']:.1f} pairs/s, {r['tflops']:.1f} TFLOP/s = {100 * r['peak_share']:.1f}% of "
+                    f"{r['pairs_s']:.1f} pairs/s, {r['tflops']:.3g} TFLOP/s = {100 * r['peak_share']:.3g}% of "
                     f"{res['peak_tflops']:.0f}")
         elif name == "judge":
             for p in ("naive", "shared"):
@@ -314,7 +316,7 @@ def markdown(res: dict[str, Any]) -> str:
             p, n = s["parl"], s["nli"]
             row(name, f"parl_reward, {p['calls']} GRPO group calls",
                 f"{p['items_s']:.2f} items/s ({p['items']} items, {p['ok']} ok, {p['policy_invalid']} "
-                f"policy-invalid, {p['wall_s']:.2f} s)")
+                f"policy-invalid, {p['wall_s']:.2f} s, {p['judge_tokens']} judge tokens prefilled)")
             row(name, "nli_constraints, 1 call", f"{n['items_s']:.1f} items/s ({n['items']} items, {n['ok']} ok)")
         row(name, "step wall", f"{s.get('step_s', 0):.1f} s")  # fmt: skip
     lines.append(f"\ntotal {res.get('total_s', 0):.0f} s")
