@@ -252,14 +252,16 @@ class TransformersJudge:
             for start in range(0, len(members), self._max_batch):
                 chunk = members[start : start + self._max_batch]
                 n = len(chunk)
-                lens = torch.tensor([len(s) for _, s in chunk], device=self._device)
-                width = int(lens.max())
-                ids = torch.full((n, width), self._pad, dtype=torch.long, device=self._device)
-                mask = torch.zeros((n, plen + width), dtype=torch.long, device=self._device)
-                mask[:, :plen] = 1
+                # built on the host, one copy each to the device (not one per row)
+                width = max(len(s) for _, s in chunk)
+                ids_h = torch.full((n, width), self._pad, dtype=torch.long)
+                mask_h = torch.zeros((n, plen + width), dtype=torch.long)
+                mask_h[:, :plen] = 1
                 for row, (_, s) in enumerate(chunk):
-                    ids[row, : len(s)] = torch.tensor(s, device=self._device)
-                    mask[row, plen : plen + len(s)] = 1
+                    ids_h[row, : len(s)] = torch.tensor(s)
+                    mask_h[row, plen : plen + len(s)] = 1
+                lens = torch.tensor([len(s) for _, s in chunk]).to(self._device)
+                ids, mask = ids_h.to(self._device), mask_h.to(self._device)
                 # A fresh cache per batch: update() concatenates into new tensors, so the
                 # cached prefix KV is never written to.
                 cache = DynamicCache(
@@ -293,13 +295,14 @@ class TransformersJudge:
         for start in range(0, len(seqs), self._max_batch):
             chunk = seqs[start : start + self._max_batch]
             n = len(chunk)
-            lens = torch.tensor([len(s) for _, s in chunk], device=self._device)
-            width = int(lens.max())
-            ids = torch.full((n, width), self._pad, dtype=torch.long, device=self._device)
-            mask = torch.zeros((n, width), dtype=torch.long, device=self._device)
+            width = max(len(s) for _, s in chunk)
+            ids_h = torch.full((n, width), self._pad, dtype=torch.long)
+            mask_h = torch.zeros((n, width), dtype=torch.long)
             for row, (_, s) in enumerate(chunk):
-                ids[row, : len(s)] = torch.tensor(s, device=self._device)
-                mask[row, : len(s)] = 1
+                ids_h[row, : len(s)] = torch.tensor(s)
+                mask_h[row, : len(s)] = 1
+            lens = torch.tensor([len(s) for _, s in chunk]).to(self._device)
+            ids, mask = ids_h.to(self._device), mask_h.to(self._device)
             out = self._base(input_ids=ids, attention_mask=mask, use_cache=False)
             hidden = out.last_hidden_state[torch.arange(n, device=self._device), lens - 1]
             for (i, _), prob in zip(chunk, self._p_from_hidden(hidden), strict=True):
