@@ -4,10 +4,14 @@ verl sends one reward request per finished rollout, so the server sees many conc
 a few prompts each. :class:`Batcher` packs the items of the calls that arrive within
 ``wait_ms`` of a batch's first item into engine calls of at most ``max_items`` (a big call is
 spread over several batches; a batch can hold pieces of several calls), then hands each caller
-its own results, in order. If an engine call fails, every caller with items in it gets the
-exception (classified by :func:`reward_server.errors.engine_failure`: infrastructure or bug): a
-failure is never turned into numbers. The same block runs in front of an
-in-process engine and in front of a Ray Serve deployment handle.
+its own results, in order. With ``max_in_flight``, at most that many engine calls run at once:
+a batch whose wait is over while every slot is busy keeps taking items (up to ``max_items``)
+and starts when a call returns, so under load batches grow rather than the number of calls
+(what a Ray deployment call, with its fixed cost, needs). If an engine call fails, every
+caller with items in it gets the exception (classified by
+:func:`reward_server.errors.engine_failure`: infrastructure or bug): a failure is never turned
+into numbers. The same block runs in front of an in-process engine and in front of a Ray Serve
+deployment handle.
 """
 
 from __future__ import annotations
@@ -180,7 +184,8 @@ class Batcher(Generic[Q, R]):
 
 
 class BatchedJudge:
-    """A JudgeEngine whose ``p_yes`` calls go through a :class:`Batcher`."""
+    """A JudgeEngine whose ``p_yes`` calls go through a :class:`Batcher` (``max_in_flight``:
+    the hosting's default, used when ``batching.max_in_flight`` is None)."""
 
     def __init__(
         self, engine: JudgeEngine, batching: BatchingSettings, *, name: str = "judge", max_in_flight: int | None = None
@@ -209,7 +214,8 @@ class BatchedJudge:
 
 
 class BatchedNLI:
-    """An NLIEngine whose ``entailment`` calls go through a :class:`Batcher`."""
+    """An NLIEngine whose ``entailment`` calls go through a :class:`Batcher` (``max_in_flight``
+    as in :class:`BatchedJudge`)."""
 
     def __init__(
         self, engine: NLIEngine, batching: BatchingSettings, *, name: str = "nli", max_in_flight: int | None = None
