@@ -116,7 +116,7 @@ async def main() -> None:
     ap.add_argument("--judge-replicas", type=int, default=1)
     ap.add_argument("--nli-replicas", type=int, default=1)
     ap.add_argument("--max-in-flight", type=int, default=None,
-                    help="engines.<kind>.batching.max_in_flight on Ray (default: 2 per replica)")
+                    help="engines.<kind>.batching.max_in_flight on Ray (default: 1 per replica)")
     args = ap.parse_args()
     items = make_items(args.items)
     print(f"{args.items} items, concurrency {args.concurrency}, {os.cpu_count()} CPUs", flush=True)

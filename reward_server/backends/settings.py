@@ -39,8 +39,8 @@ class BatchingSettings(_Frozen):
     max_in_flight: int | None = Field(
         None, ge=1, description="Most engine calls of this batcher running at once; past it, "
         "a batch whose wait is over keeps taking items (up to max_items) until a call returns, "
-        "so batches grow with the load. None: in-process no limit; on Ray 2 per replica "
-        "(serving.ray.<kind>.max_replicas), which keeps each replica fed while the next batch fills."
+        "so batches grow with the load. None: in-process no limit; on Ray one per replica "
+        "(serving.ray.<kind>.max_replicas): fewest, biggest deployment calls."
     )
 
 

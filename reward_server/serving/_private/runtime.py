@@ -272,7 +272,7 @@ def start_ray_engines(
             model_id=str(_info(handle, settings.ready_timeout_s)["model_id"]),
         )
         judge: JudgeEngine = BatchedJudge(
-            ray_judge, engines.judge.batching, max_in_flight=2 * settings.judge.max_replicas
+            ray_judge, engines.judge.batching, max_in_flight=settings.judge.max_replicas
         )
         nli: NLIEngine
         ray_nli: RayNLI | None = None
@@ -292,7 +292,7 @@ def start_ray_engines(
                 model_id=str(info["model_id"]),
                 max_length=int(info["max_length"]),
             )
-            nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=2 * settings.nli.max_replicas)
+            nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=settings.nli.max_replicas)
     except BaseException:
         if not connected:
             _blocking(lambda: _delete_apps(deployed))
