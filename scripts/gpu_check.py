@@ -248,7 +248,7 @@ def step_e2e(ctx: Context) -> dict[str, Any]:
                 out: dict[str, Any] = {}
                 tok0 = ctx.judge.stats.prefilled_tokens
                 t = time.perf_counter()
-                res = await asyncio.gather(*(client.score(c, timeout_s=ctx.left() - 30) for c in calls))
+                res = await asyncio.gather(*(client.score(c, timeout_s=max(10.0, ctx.left() - 30)) for c in calls))
                 wall = time.perf_counter() - t
                 flat = [r for group in res for r in group]
                 out["parl"] = {"calls": len(calls), "items": len(flat), "wall_s": wall, "items_s": len(flat) / wall,
@@ -256,7 +256,7 @@ def step_e2e(ctx: Context) -> dict[str, Any]:
                                "policy_invalid": sum(r.status is d.ItemStatus.POLICY_INVALID for r in flat),
                                "judge_tokens": ctx.judge.stats.prefilled_tokens - tok0}  # fmt: skip
                 t = time.perf_counter()
-                nres = await client.score(nli_items, timeout_s=ctx.left() - 10)
+                nres = await client.score(nli_items, timeout_s=max(10.0, ctx.left() - 10))
                 wall = time.perf_counter() - t
                 out["nli"] = {"items": len(nres), "wall_s": wall, "items_s": len(nres) / wall,
                               "ok": sum(r.status is d.ItemStatus.OK for r in nres)}  # fmt: skip
