@@ -1,10 +1,12 @@
-"""The composition root: configuration -> engines -> service -> gRPC server.
+"""The composition root: configuration -> engines -> service -> gRPC server (and the HTTP/JSON
+door when ``server.http.port`` is set).
 
 Everything that runs a reward server builds it here: ``reward-server serve``, the tests and the
 benchmarks::
 
     app = await start_app(load_config("deploy/cpu_local.yaml"))
     print(app.target)            # host:port the gRPC server listens on
+    print(app.http_port)         # the HTTP/JSON door's port (None: off)
     await app.stop()             # drain, stop, close the engines
 
 The Serve application builders named by ``deploy/serve_config.yaml`` and the KubeRay
@@ -19,9 +21,11 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from reward_server import tracing
 from reward_server.backends.settings import JudgeNLISettings
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
+from reward_server.rpc.http import HttpDoor
 from reward_server.rpc.server import RewardGrpcServer, create_server
 from reward_server.service import RewardService, admission_for
 from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
@@ -63,31 +67,45 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
 
 @dataclass
 class RewardApp:
-    """A started reward server: its engines, service and gRPC server."""
+    """A started reward server: its engines, service, gRPC server and HTTP/JSON door."""
 
     config: RewardServerConfig
     engines: Engines
     service: RewardService
     server: RewardGrpcServer
     port: int
+    http: HttpDoor | None = None
 
     @property
     def target(self) -> str:
         return f"{self.config.server.host}:{self.port}"
 
-    async def wait_for_termination(self) -> None:
-        """Until a drain (SIGTERM, SIGINT or :meth:`stop`) has finished; then closes engines."""
+    @property
+    def http_port(self) -> int | None:
+        return None if self.http is None else self.http.port
+
+    async def _close(self) -> None:
         try:
-            await self.server.wait_for_termination()
+            if self.http is not None:
+                await self.http.stop()
         finally:
             await self.engines.close()
 
+    async def wait_for_termination(self) -> None:
+        """Until a drain (SIGTERM, SIGINT or :meth:`stop`) has finished; then closes the HTTP
+        door and the engines."""
+        try:
+            await self.server.wait_for_termination()
+        finally:
+            await self._close()
+
     async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
-        """Drain the gRPC server (see :meth:`RewardGrpcServer.stop`), then close the engines."""
+        """Drain (see :meth:`RewardGrpcServer.stop`; the HTTP door shares its gate, so its calls
+        are drained too), stop the HTTP door, then close the engines."""
         try:
             await self.server.stop(grace, drain_delay=drain_delay)
         finally:
-            await self.engines.close()
+            await self._close()
 
 
 async def start_app(
@@ -101,6 +119,12 @@ async def start_app(
     ``judge_factory`` / ``nli_factory`` replace the engine factories (tests, benchmarks).
     """
     check_port_free(config.server.host, config.server.port)  # before minutes of model loading
+    http = config.server.http
+    if http.port is not None:
+        check_port_free(http.host or config.server.host, http.port,
+                        setting="--http-port / server.http.port or server.http.host")
+    tracing.configure(enabled=config.server.tracing.enabled,
+                      otlp_endpoint=config.server.tracing.otlp_endpoint)
     engines = start_engines(
         config.engines, config.serving, judge_factory=judge_factory, nli_factory=nli_factory
     )
@@ -111,7 +135,16 @@ async def start_app(
             from reward_server.metrics import start_metrics_server
 
             start_metrics_server(config.server.metrics_port, addr=config.server.host)
+        door = None
+        if http.port is not None:
+            door = HttpDoor(config.server, server.servicer, server.monitor)
         await server.start()
+        if door is not None:
+            try:
+                await door.start()
+            except BaseException:
+                await server.stop(0, drain_delay=0)
+                raise
     except BaseException:
         await engines.close()
         raise
@@ -120,11 +153,15 @@ async def start_app(
         config.server.host, port, engines.judge.model_id, engines.nli.model_id,
         config.serving.mode, ", FAKE ENGINES" if config.engines.fake else "",
     )
-    return RewardApp(config=config, engines=engines, service=service, server=server, port=port)
+    return RewardApp(config=config, engines=engines, service=service, server=server, port=port,
+                     http=door)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """ConfigError now if ``host:port`` cannot be bound (0: any port, nothing to check)."""
+def check_port_free(
+    host: str, port: int, *, setting: str = "--port / server.port or --host / server.host"
+) -> None:
+    """ConfigError now if ``host:port`` cannot be bound (0: any port, nothing to check);
+    the message names ``setting``, where to choose another."""
     if port == 0:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -137,8 +174,7 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as e:
             raise ConfigError(
                 f"cannot bind {host}:{port} ({e.strerror}): the port is in use or the address is "
-                "not this machine's; choose another with --port / server.port (0 picks a free one) "
-                "or --host / server.host"
+                f"not this machine's; choose another with {setting} (0 picks a free port)"
             ) from None
 
 

@@ -73,6 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extra.append(f"server.port={args.port}")
     if args.host is not None:
         extra.append(f"server.host={args.host}")
+    if getattr(args, "http_port", None) is not None:
+        extra.append(f"server.http.port={args.http_port}")
     if args.fake:
         extra.append(FAKE_ENGINES)
     if args.address is not None:
@@ -121,10 +123,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         async with _client(args) as c:
             return await c.info()
 
-    info = asyncio.run(run())
-    import dataclasses
+    from reward_server.rpc import jsonmap
+    from reward_server.rpc.convert import info_to_proto
 
-    print(json.dumps(dataclasses.asdict(info), indent=2))
+    print(json.dumps(jsonmap.to_dict(info_to_proto(asyncio.run(run()))), indent=2))
     return 0
 
 
@@ -152,9 +154,8 @@ class InputLineError(Exception):
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from google.protobuf import json_format
-
     from reward_server.client import RewardCallError
+    from reward_server.rpc import jsonmap
     from reward_server.rpc.convert import result_to_proto
 
     try:
@@ -182,8 +183,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                     print(f"error: {where}{e.code.name}: {e.details}", file=sys.stderr)
                     return 1
                 for r in results:
-                    d = json_format.MessageToDict(result_to_proto(r), preserving_proto_field_name=True)
-                    out.write(json.dumps(d) + "\n")
+                    out.write(json.dumps(jsonmap.to_dict(result_to_proto(r))) + "\n")
                 if bar is not None:
                     bar.update(len(chunk))
         return 0
@@ -232,7 +232,8 @@ def cmd_induce(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    import dataclasses
+    from reward_server.rpc import jsonmap
+    from reward_server.rpc.convert import verification_to_proto
 
     async def run() -> Any:
         async with _client(args) as c:
@@ -240,7 +241,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                   preference=args.preference, evidence=args.evidence)
 
     v = asyncio.run(run())
-    print(json.dumps(dataclasses.asdict(v), indent=2, default=str))
+    print(json.dumps(jsonmap.to_dict(verification_to_proto(v)), indent=2))
     return 0
 
 
@@ -284,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--port", type=int, help="port to bind (0: any free port)")
     p.add_argument("--host", help="address to bind")
+    p.add_argument("--http-port", type=int,
+                   help="also serve HTTP/JSON on this port (server.http.port; 0: any free port)")
     p.add_argument("--fake", action="store_true",
                    help="serve deterministic FAKE engines (no model; for trying the API)")
     p.add_argument("--ray", action="store_true", help="host engines on Ray Serve (local Ray)")

@@ -9,7 +9,8 @@ Resilience comes from gRPC itself, configured from one :class:`RetryBudget`:
   call waits for the channel to reconnect instead of failing at once; reconnect attempts are
   gRPC's own jittered exponential backoff, capped at ``backoff_cap_s``.
 - ``retryPolicy`` (service config): a call the server answers UNAVAILABLE or
-  RESOURCE_EXHAUSTED is retried by gRPC with jittered exponential backoff (honouring the
+  RESOURCE_EXHAUSTED, or that gRPC cancelled at the server's shutdown (CANCELLED), is retried
+  by gRPC with jittered exponential backoff (honouring the
   server's ``grpc-retry-pushback-ms``), up to ``attempts``.
 - one deadline per call (``deadline_s``) bounds all of it.
 
@@ -32,8 +33,9 @@ import json
 import logging
 import math
 import random
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -47,7 +49,13 @@ from reward_server.rpc import convert
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# CANCELLED as a status (not a local asyncio cancellation, which raises CancelledError) comes
+# from the server's side: gRPC core cancels calls it has received but not yet handed to the
+# application when the server's port closes (grpc/grpc#41785; a restart or a drain). Our
+# server never answers CANCELLED itself (a leaked cancellation is UNAVAILABLE), and every
+# reward.v1 call is idempotent, so such a call is resent like UNAVAILABLE.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.CANCELLED})
 GRPC_MAX_ATTEMPTS = 5  # gRPC clamps retryPolicy.maxAttempts to this
 SERVICE = "reward.v1.RewardService"
 HEALTH = "grpc.health.v1.Health"  # a probe: no waiting, no retries
@@ -74,7 +82,7 @@ class RetryBudget:
     or a rolling update of ~30 s and then fail with the server's last status."""
 
     attempts: int = 5
-    """Tries of a call the server answers UNAVAILABLE or RESOURCE_EXHAUSTED (1 = no retry).
+    """Tries of a call answered UNAVAILABLE, RESOURCE_EXHAUSTED or CANCELLED (1 = no retry).
     Above gRPC's cap of 5 per call it runs in rounds of 5: rounded up to a multiple of 5."""
     backoff_initial_s: float = 0.2
     """First retry backoff; doubles per retry (gRPC adds jitter)."""
@@ -342,17 +350,38 @@ class AsyncRewardClient:
 
 
 class RewardClient:
-    """Synchronous facade over :class:`AsyncRewardClient` (runs a private event loop)."""
+    """Synchronous facade over :class:`AsyncRewardClient`, from plain code or inside a running
+    event loop (a notebook): its own loop runs in a background thread, where the channel lives,
+    and each call is handed over with :func:`asyncio.run_coroutine_threadsafe`. Inside a running
+    loop a call blocks that loop until it is answered (a server on that same loop could not
+    answer: use :class:`AsyncRewardClient` there). Keyword arguments: those of
+    :class:`AsyncRewardClient` (``retry=RetryBudget(...)``, ``timeout_s``, ``token``, ...).
+    ``close()`` (or leaving the ``with`` block) closes the channel and joins the thread."""
 
     def __init__(self, target: str, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
-        self._client: AsyncRewardClient = self._loop.run_until_complete(
-            self._make(target, kwargs)
-        )
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"RewardClient({target})")
+        self._thread.start()
+        try:
+            self._client: AsyncRewardClient = self._run(self._make(target, kwargs))
+        except BaseException:
+            self._stop()
+            raise
 
     @staticmethod
     async def _make(target: str, kwargs: dict[str, Any]) -> AsyncRewardClient:
-        return AsyncRewardClient(target, **kwargs)
+        return AsyncRewardClient(target, **kwargs)  # on the client's loop: the channel's home
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("this RewardClient is closed; make a new one")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def retry(self) -> RetryBudget:
+        return self._client.retry
 
     def __enter__(self) -> RewardClient:
         return self
@@ -363,21 +392,32 @@ class RewardClient:
         self.close()
 
     def score(self, items: Sequence[d.ScoreItem], **kw: Any) -> list[d.ItemResult]:
-        return self._loop.run_until_complete(self._client.score(items, **kw))
+        return self._run(self._client.score(items, **kw))
 
     def induce_rubrics(self, history: Sequence[d.HistoryItem], **kw: Any) -> d.InductionResult:
-        return self._loop.run_until_complete(self._client.induce_rubrics(history, **kw))
+        return self._run(self._client.induce_rubrics(history, **kw))
 
     def verify(self, **kw: Any) -> d.Verification:
-        return self._loop.run_until_complete(self._client.verify(**kw))
+        return self._run(self._client.verify(**kw))
 
     def info(self, **kw: Any) -> d.ServerInfo:
-        return self._loop.run_until_complete(self._client.info(**kw))
+        return self._run(self._client.info(**kw))
 
     def health(self, service: str = "", **kw: Any) -> str:
-        return self._loop.run_until_complete(self._client.health(service, **kw))
+        return self._run(self._client.health(service, **kw))
 
     def close(self) -> None:
-        if not self._loop.is_closed():
-            self._loop.run_until_complete(self._client.close())
-            self._loop.close()
+        """Close the channel, stop the loop and join its thread (idempotent)."""
+        if self._loop.is_closed():
+            return
+        try:
+            if self._thread.is_alive() and hasattr(self, "_client"):
+                self._run(self._client.close())
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()

@@ -131,3 +131,25 @@ def smollm2_path() -> str:
         return str(local_smollm2_path())
     except ModelLoadError as e:
         pytest.skip(f"no local SmolLM2: {e}")
+
+
+@pytest.fixture
+def exported() -> Iterator[Any]:
+    """An OpenTelemetry in-memory exporter on the global SDK tracer provider (set up by the
+    first test that needs one); tracing is turned off again afterwards. Skips without the SDK."""
+    sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk not installed")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from reward_server import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, sdk.TracerProvider):
+        provider = sdk.TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    tracing.configure(enabled=False)
+    exporter.shutdown()

@@ -158,12 +158,24 @@ def main_verl(args: argparse.Namespace, overrides: list[str]) -> int:
     except (ConfigError, RewardCallError, ConfigCompositionException) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from trainer.run_log import plot_rewards
-
-    plot_rewards(path / "run_log.jsonl", path / "reward.png", title=f"verl GRPO, {args.preset}")
+    plot_verl(args.preset, overrides, path)
     print(f"checkpoints: {path / 'checkpoints'}\nrun log:     {path / 'run_log.jsonl'}\n"
           f"plot:        {path / 'reward.png'}\nprovenance:  {path / 'provenance.json'}", flush=True)
     return 0
+
+
+def plot_verl(preset: str, overrides: list[str], path: Path) -> None:
+    """The reward plot of a verl run, titled with its reward kinds and models."""
+    from trainer import verl_runner
+    from trainer.run_log import data_kinds, plot_rewards, plot_title
+
+    config = verl_runner.compose(preset, overrides)
+    train = config.data.train_files
+    files = [train] if isinstance(train, str) else [str(f) for f in train]  # str or ListConfig
+    kinds = sorted({k for f in files if Path(f).is_file() for k in data_kinds(Path(f))})
+    title = plot_title(f"verl ({preset})", kinds=kinds,
+                       policy=str(config.actor_rollout_ref.model.path), run_dir=path)
+    plot_rewards(path / "run_log.jsonl", path / "reward.png", title=title)
 
 
 def main_trl(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,13 @@ logger = logging.getLogger(__name__)
 progress = logging.getLogger("trainer.progress")
 
 
+NOT_COMPONENTS = frozenset({"wait_s", "masked", "reward_masked"})  # logged beside, not parts
+
+
 def reward_rows(log_path: Path) -> list[dict[str, float]]:
-    """``{"step", "reward", "reward_std"}`` per logged training step, from either engine's log."""
+    """``{"step", "reward", "reward_std", "reward/<component>"...}`` per logged training step,
+    from either engine's log (components: every numeric ``reward/*`` key but the call's wait
+    and masking counters)."""
     rows: list[dict[str, float]] = []
     for line in Path(log_path).read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -29,9 +35,40 @@ def reward_rows(log_path: Path) -> list[dict[str, float]]:
         reward = data.get("reward", data.get("critic/score/mean"))
         if isinstance(reward, int | float):
             std = data.get("reward_std", 0.0)
-            rows.append({"step": float(row.get("step", len(rows) + 1)), "reward": float(reward),
-                         "reward_std": float(std) if isinstance(std, int | float) else 0.0})
+            out = {"step": float(row.get("step", len(rows) + 1)), "reward": float(reward),
+                   "reward_std": float(std) if isinstance(std, int | float) else 0.0}
+            out.update({k: float(v) for k, v in data.items() if k.startswith("reward/")
+                        and k.split("/", 1)[1] not in NOT_COMPONENTS and isinstance(v, int | float)
+                        and math.isfinite(v)})
+            rows.append(out)
     return rows
+
+
+def data_kinds(path: Path) -> list[str]:
+    """The reward kinds of a prepared parquet (verl ``extra_info`` or TRL ``extra_info_json``)."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    if "extra_info_json" in names:
+        extras = [json.loads(x) for x in pq.read_table(path, columns=["extra_info_json"])
+                  .column("extra_info_json").to_pylist()]
+    elif "extra_info" in names:
+        extras = pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist()
+    else:
+        return []
+    return sorted({str(e["kind"]) for e in extras if isinstance(e, dict) and e.get("kind")})
+
+
+def plot_title(engine: str, *, kinds: Sequence[str], policy: str, run_dir: Path) -> str:
+    """``<engine> GRPO reward per step: <kinds>`` over ``policy <m>, judge <m>, NLI <m>`` (the
+    judge and NLI models from the run's ``provenance.json``, the server's own Info)."""
+    prov: dict[str, Any] = {}
+    path = Path(run_dir) / "provenance.json"
+    if path.is_file():
+        prov = json.loads(path.read_text(encoding="utf-8"))
+    judge, nli = prov.get("judge_model") or "?", prov.get("nli_model") or "?"
+    return (f"{engine} GRPO reward per step: {', '.join(kinds) or 'reward'}\n"
+            f"policy {policy}, judge {judge}, NLI {nli}")
 
 
 def step_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
@@ -62,7 +99,9 @@ def jsonl_callback(log_path: Path, max_steps: int) -> Any:
 
 
 def plot_rewards(log_path: Path, png: Path, *, title: str = "GRPO reward per step") -> Path | None:
-    """Reward per step (mean and the band of one std); None when the log has no step yet."""
+    """Reward per step (mean and the band of one std) over the reward's components per step
+    (components outside [0, 1], such as counts, on a right-hand axis); integer step ticks.
+    None when the log has no step yet."""
     if not Path(log_path).is_file():
         logger.warning("no run log at %s: nothing to plot", log_path)
         return None
@@ -70,6 +109,17 @@ def plot_rewards(log_path: Path, png: Path, *, title: str = "GRPO reward per ste
     if not rows:
         logger.warning("%s has no reward rows: nothing to plot", log_path)
         return None
+    import matplotlib.pyplot as plt
+
+    fig = reward_figure(rows, title=title)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return Path(png)
+
+
+def reward_figure(rows: Sequence[dict[str, float]], *, title: str) -> Any:
+    """The figure of :func:`plot_rewards` from :func:`reward_rows` (matplotlib, Agg backend);
+    the caller saves and closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,16 +129,54 @@ def plot_rewards(log_path: Path, png: Path, *, title: str = "GRPO reward per ste
     steps = [r["step"] for r in rows]
     mean = [r["reward"] for r in rows]
     std = [r["reward_std"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    names = sorted({k for r in rows for k in r if k.startswith("reward/")})
+    fig, (ax, cax) = plt.subplots(2, 1, sharex=True, figsize=(8, 6.5),
+                                  gridspec_kw={"height_ratios": [3, 2]})
     ax.plot(steps, mean, marker="o", label="reward (mean)")
     ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
                     [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="± std")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
     ax.set_ylabel("reward")
-    ax.set_title(title)
-    ax.legend()
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="best", fontsize=8)
+    _plot_components(cax, rows, names)
+    distinct = sorted(set(steps))
+    if len(distinct) <= 12:  # every step its tick (one step included)
+        cax.set_xticks(distinct)
+    else:
+        cax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(distinct) == 1:
+        cax.set_xlim(distinct[0] - 0.5, distinct[0] + 0.5)
+    cax.set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return Path(png)
+    return fig
+
+
+def _colors(n: int) -> list[Any]:
+    """n distinct colours (tab10, tab20 beyond ten), one per component across both axes."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _plot_components(ax: Any, rows: Sequence[dict[str, float]], names: Sequence[str]) -> None:
+    if not names:
+        ax.text(0.5, 0.5, "no reward components in the log", ha="center", va="center",
+                transform=ax.transAxes)
+        return
+    values = {n: [(r["step"], r[n]) for r in rows if n in r] for n in names}
+    unit = [n for n in names if all(0.0 <= v <= 1.0 for _, v in values[n])]
+    other = [n for n in names if n not in unit]
+    right = ax.twinx() if other and unit else None
+    colors = _colors(len(names))
+    for axis, group, style in ((ax, unit, "-"), (right or ax, other, "--")):
+        for n in group:
+            xs, ys = zip(*values[n], strict=True)
+            axis.plot(xs, ys, style, marker=".", color=colors[names.index(n)],
+                      label=n.split("/", 1)[1])
+    ax.set_ylabel("component (0..1)" if unit else "component")
+    if right is not None:
+        right.set_ylabel("component (other scale, dashed)")
+    handles = [h for a in (ax, right) if a is not None for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.08 if right else 1.01, 0.5),
+              fontsize=7, frameon=False)

@@ -22,7 +22,7 @@ from typing import Any
 
 from reward_server.client import RetryBudget, RewardClient
 from reward_server.integrations.trl import RewardServerReward
-from trainer.run_log import jsonl_callback, plot_rewards
+from trainer.run_log import data_kinds, jsonl_callback, plot_rewards, plot_title
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,12 @@ def run_trl(s: TrlRunSettings) -> dict[str, Any]:
         trainer.save_model(str(model_dir))  # every process: ZeRO-3 gathers, the main one writes
     finally:
         reward.close()
-    plot = plot_rewards(log_path, out / "reward.png", title="TRL GRPO reward per step") if main else None
+    plot = None
+    if main:
+        data = Path(s.data) / "trl_train.parquet" if Path(s.data).is_dir() else Path(s.data)
+        title = plot_title("TRL", kinds=data_kinds(data), policy=s.model or "smollm2-local",
+                           run_dir=out)
+        plot = plot_rewards(log_path, out / "reward.png", title=title)
     return {"trainer": trainer, "reward": reward, "model": model_dir if main else None,
             "log": log_path if main else None, "plot": plot, "provenance": provenance,
             "provenance_path": prov_path if main else None}

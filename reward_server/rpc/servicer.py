@@ -14,6 +14,10 @@ interceptor) instead of after its body, so that a call is:
 4. admitted by size, then by judgments (:mod:`reward_server.admission`), then run under the
    client's deadline (or ``server.default_timeout_s``); every exception goes through the one
    status table (:mod:`reward_server.rpc.status`).
+
+Steps 1 and 4 (with the metrics, logs and the call's tracing span) are :meth:`RewardServicer.call`,
+which the HTTP/JSON door (:mod:`reward_server.rpc.http`) runs too: both transports share the
+gate, the count of calls in flight, admission and the work of each method.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from reward_server import domain as d
-from reward_server import metrics
+from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.admission import Admission, Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
@@ -41,6 +46,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 Requests = AsyncIterator[bytes]
+Work = Callable[[bytes, Ticket, Any], Awaitable[Message]]  # (request, ticket, span) -> response
 _FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
 
 
@@ -70,6 +76,12 @@ class RewardServicer:
             "InduceRubrics": lim.max_history_items * (2 * text + _FIELD_OVERHEAD) + 64,
             "Verify": 3 * text + 16,
             "Info": 1024,
+        }
+        self._work: dict[str, tuple[Work, bool]] = {  # method -> (its work, admitted?)
+            "Score": (self._score, True),
+            "InduceRubrics": (self._induce, True),
+            "Verify": (self._verify, True),
+            "Info": (self._info, False),
         }
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -115,13 +127,12 @@ class RewardServicer:
         wait = self._settings.grace_period_s if remaining is None else max(0.0, remaining - 0.05)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._released.wait(), wait)
-        raise BackendUnavailable("the server is shutting down (draining); retry on another replica")
 
     # ------------------------------------------------------------------- calls
-    async def _receive(self, requests: Requests, rpc: str) -> bytes:
+    async def _receive(self, requests: Requests) -> bytes:
         limit = self._settings.receive_timeout_s
         try:
-            raw = await asyncio.wait_for(anext(requests), limit)
+            return await asyncio.wait_for(anext(requests), limit)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"the request message did not arrive within server.receive_timeout_s={limit}s "
@@ -129,129 +140,156 @@ class RewardServicer:
             ) from None
         except StopAsyncIteration:
             raise InvalidRequest("the call carried no request message") from None
+
+    def _check_size(self, rpc: str, raw: bytes) -> None:
         cap = self._max_bytes[rpc]
         if len(raw) > cap:
             raise InvalidRequest(
                 f"the request has {len(raw)} bytes, more than any valid reward.v1.{rpc} request "
                 f"under service.limits ({cap}); check the sizes of its texts"
             )
-        return raw
 
-    async def _run(
+    async def call(
         self,
         rpc: str,
-        requests: Requests,
-        context: Context,
-        work: Callable[[bytes, Ticket], Awaitable[T]],
+        receive: Callable[[], Awaitable[bytes]],
         *,
-        admit: bool = True,
-    ) -> T:
+        time_remaining: Callable[[], float | None],
+        transport: str,
+        park: Callable[[], Awaitable[None]] | None = None,
+    ) -> Message:
+        """Method ``rpc`` of any transport: the draining gate, admission, the deadline
+        (``time_remaining()`` seconds, None: ``server.default_timeout_s``), the request
+        (``receive()``: its serialized message), the work, metrics, logs and the call's span.
+        Raises what went wrong; the transport maps it with :mod:`reward_server.rpc.status`.
+        ``park``: awaited before a call that arrives while draining is refused."""
+        work, admit = self._work[rpc]
         self.last_arrival = time.monotonic()
         start = time.perf_counter()
         code_name = "OK"
         entered = False
-        try:
-            if not self._accepting:
-                await self._refuse_draining(context)
-            entered = True
-            self._active += 1
-            self._idle.clear()
-            remaining = context.time_remaining()
-            timeout = self._settings.default_timeout_s if remaining is None else max(0.0, remaining)
-            admission = self._service.admission if admit else Admission.off()
+        with tracing.span(f"reward.v1/{rpc}", transport=transport) as current:
             try:
-                async with asyncio.timeout(timeout):
-                    with admission.enter() as ticket:  # refused here when full: nothing read
-                        raw = await self._receive(requests, rpc)
-                        ticket.add_bytes(len(raw))
-                        return await work(raw, ticket)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # the call itself was cancelled (client gone, server stopping)
-                # a cancellation leaked out of an engine: an infrastructure failure
-                raise BackendUnavailable(
-                    "an engine call was cancelled before it answered; retry the call"
-                ) from None
-        except Exception as exc:  # mapped to a status below; never turned into a reward
-            code = status_for(exc)
-            code_name = code.name
-            if code is grpc.StatusCode.INTERNAL:
-                logger.exception("%s failed with an unexpected error", rpc)
-            else:
-                logger.info("%s -> %s: %s", rpc, code.name, message_for(exc))
-            if (isinstance(exc, BackendUnavailable) and entered
-                    and self._on_engine_failure is not None):
-                self._on_engine_failure()  # let health look at the engines now
-            await context.abort(code, message_for(exc), trailing_metadata=trailers_for(exc))
+                if not self._accepting:
+                    if park is not None:
+                        await park()
+                    raise BackendUnavailable(
+                        "the server is shutting down (draining); retry on another replica"
+                    )
+                entered = True
+                self._active += 1
+                self._idle.clear()
+                remaining = time_remaining()
+                timeout = (self._settings.default_timeout_s if remaining is None
+                           else max(0.0, remaining))
+                admission = self._service.admission if admit else Admission.off()
+                try:
+                    async with asyncio.timeout(timeout):
+                        with admission.enter() as ticket:  # refused here when full: nothing read
+                            raw = await receive()
+                            self._check_size(rpc, raw)
+                            ticket.add_bytes(len(raw))
+                            return await work(raw, ticket, current)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # the call itself was cancelled (client gone, server stopping)
+                    # a cancellation leaked out of an engine: an infrastructure failure
+                    raise BackendUnavailable(
+                        "an engine call was cancelled before it answered; retry the call"
+                    ) from None
+            except Exception as exc:  # mapped to a status by the transport; never a reward
+                code = status_for(exc)
+                code_name = code.name
+                if code is grpc.StatusCode.INTERNAL:
+                    logger.exception("%s failed with an unexpected error", rpc)
+                else:
+                    logger.info("%s -> %s: %s", rpc, code.name, message_for(exc))
+                if (isinstance(exc, BackendUnavailable) and entered
+                        and self._on_engine_failure is not None):
+                    self._on_engine_failure()  # let health look at the engines now
+                raise
+            finally:
+                tracing.set_attribute(current, "code", code_name)
+                if entered:
+                    self._active -= 1
+                    if not self._active:
+                        self._idle.set()
+                seconds = time.perf_counter() - start
+                metrics.observe_call(rpc, code_name, seconds)
+                logger.debug("%s took %.1f ms", rpc, seconds * 1000)
+
+    async def _run(self, rpc: str, requests: Requests, context: Context) -> Any:
+        try:
+            return await self.call(
+                rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
+                transport="grpc", park=lambda: self._refuse_draining(context),
+            )
+        except Exception as exc:
+            await context.abort(status_for(exc), message_for(exc),
+                                trailing_metadata=trailers_for(exc))
             raise  # unreachable: abort raises
-        finally:
-            if entered:
-                self._active -= 1
-                if not self._active:
-                    self._idle.set()
-            seconds = time.perf_counter() - start
-            metrics.observe_call(rpc, code_name, seconds)
-            logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
     async def Score(self, requests: Requests, context: Context) -> pb.ScoreResponse:
-        async def work(raw: bytes, ticket: Ticket) -> pb.ScoreResponse:
-            validator = self._service.validator
-            seen: dict[str, int] = {}
-            judgments = 0
-
-            def check(item: d.ScoreItem, index: int) -> None:  # refuse at the first bad item
-                nonlocal judgments
-                judgments += validator.item(item, index, seen)
-
-            items = await convert.score_items(
-                raw, max_item_bytes=validator.limits.max_item_bytes,
-                check_count=validator.batch_size, check_item=check, count=validator.count,
-            )
-            judgments = validator.total(judgments, "items")
-            results = await self._service.score(items, ticket=ticket, judgments=judgments)
-            for item, result in zip(items, results, strict=True):
-                metrics.observe_items(d.kind_of(item.spec).value, result.status.value)
-            return await convert.score_response(results)
-
-        return await self._run("Score", requests, context, work)
+        return await self._run("Score", requests, context)  # type: ignore[no-any-return]
 
     async def InduceRubrics(self, requests: Requests, context: Context) -> pb.InduceRubricsResponse:
-        async def work(raw: bytes, ticket: Ticket) -> pb.InduceRubricsResponse:
-            request = wire.parse(pb.InduceRubricsRequest, raw)
-            result = await self._service.induce_rubrics(
-                convert.history_from_proto(request.history),
-                task=convert.task_from_proto(request.task, "request"),
-                num_samples=request.num_samples,
-                seed=request.seed,
-                ticket=ticket,
-            )
-            return convert.induction_to_proto(result)
-
-        return await self._run("InduceRubrics", requests, context, work)
+        return await self._run("InduceRubrics", requests, context)  # type: ignore[no-any-return]
 
     async def Verify(self, requests: Requests, context: Context) -> pb.VerifyResponse:
-        async def work(raw: bytes, ticket: Ticket) -> pb.VerifyResponse:
-            request = wire.parse(pb.VerifyRequest, raw)
-            v = await self._service.verify(
-                response=request.response,
-                answer=request.answer,
-                preference=request.preference,
-                evidence=request.evidence,
-                ticket=ticket,
-            )
-            return convert.verification_to_proto(v)
-
-        return await self._run("Verify", requests, context, work)
+        return await self._run("Verify", requests, context)  # type: ignore[no-any-return]
 
     async def Info(self, requests: Requests, context: Context) -> pb.InfoResponse:
-        async def work(raw: bytes, ticket: Ticket) -> pb.InfoResponse:
-            wire.parse(pb.InfoRequest, raw)
-            reply = convert.info_to_proto(self._service.info())
-            reply.settings.update(self.transport_info())
-            return reply
+        return await self._run("Info", requests, context)  # type: ignore[no-any-return]
 
-        return await self._run("Info", requests, context, work, admit=False)
+    # -------------------------------------------------------------- the work
+    async def _score(self, raw: bytes, ticket: Ticket, current: Any) -> pb.ScoreResponse:
+        validator = self._service.validator
+        seen: dict[str, int] = {}
+        judgments = 0
+
+        def check(item: d.ScoreItem, index: int) -> None:  # refuse at the first bad item
+            nonlocal judgments
+            judgments += validator.item(item, index, seen)
+
+        items = await convert.score_items(
+            raw, max_item_bytes=validator.limits.max_item_bytes,
+            check_count=validator.batch_size, check_item=check, count=validator.count,
+        )
+        judgments = validator.total(judgments, "items")
+        tracing.set_attribute(current, "items", len(items))
+        results = await self._service.score(items, ticket=ticket, judgments=judgments)
+        for item, result in zip(items, results, strict=True):
+            metrics.observe_items(d.kind_of(item.spec).value, result.status.value)
+        return await convert.score_response(results)
+
+    async def _induce(self, raw: bytes, ticket: Ticket, current: Any) -> pb.InduceRubricsResponse:
+        request = wire.parse(pb.InduceRubricsRequest, raw)
+        result = await self._service.induce_rubrics(
+            convert.history_from_proto(request.history),
+            task=convert.task_from_proto(request.task, "request"),
+            num_samples=request.num_samples,
+            seed=request.seed,
+            ticket=ticket,
+        )
+        return convert.induction_to_proto(result)
+
+    async def _verify(self, raw: bytes, ticket: Ticket, current: Any) -> pb.VerifyResponse:
+        request = wire.parse(pb.VerifyRequest, raw)
+        v = await self._service.verify(
+            response=request.response,
+            answer=request.answer,
+            preference=request.preference,
+            evidence=request.evidence,
+            ticket=ticket,
+        )
+        return convert.verification_to_proto(v)
+
+    async def _info(self, raw: bytes, ticket: Ticket, current: Any) -> pb.InfoResponse:
+        wire.parse(pb.InfoRequest, raw)
+        reply = convert.info_to_proto(self._service.info())
+        reply.settings.update(self.transport_info())
+        return reply
 
     def transport_info(self) -> dict[str, str]:
         """The transport's limits, for Info."""
@@ -259,4 +297,6 @@ class RewardServicer:
         names = ("max_message_bytes", "max_concurrent_rpcs", "default_timeout_s",
                  "receive_timeout_s", "max_concurrent_streams", "max_connections",
                  "grace_period_s", "drain_delay_s")
-        return {f"server.{n}": str(getattr(s, n)) for n in names}
+        out = {f"server.{n}": str(getattr(s, n)) for n in names}
+        out["server.http.port"] = str(s.http.port)  # the configured one (0: a free one)
+        return out

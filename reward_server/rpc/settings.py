@@ -1,5 +1,5 @@
-"""Settings of the gRPC transport: bind, message sizes, auth, TLS, timeouts, connection bounds,
-live health, drain, metrics."""
+"""Settings of the transports: the gRPC ingress (bind, message sizes, auth, TLS, timeouts,
+connection bounds, live health, drain, metrics), its optional HTTP/JSON door and tracing."""
 
 from __future__ import annotations
 
@@ -10,6 +10,46 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+OPENRLHF_END_MARKERS = (
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<eos>",
+    "</s>",
+)
+
+
+class HttpSettings(_Frozen):
+    """The HTTP/JSON door: the same service, auth, limits and error table as gRPC, on its own
+    port (docs/http.md)."""
+
+    port: int | None = Field(
+        None, ge=0, le=65535, description="Serve HTTP/JSON (POST /v1/score, ..., the OpenRLHF "
+        "reward route) on this port; 0 picks a free one. None: off."
+    )
+    host: str | None = Field(None, description="Address to bind; None: server.host.")
+    max_body_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Largest JSON request body read; a larger one "
+        "is refused (400) before it is read. The request it encodes must still fit "
+        "server.max_message_bytes and service.limits."
+    )
+    openrlhf_end_markers: tuple[str, ...] = Field(
+        OPENRLHF_END_MARKERS, description="OpenRLHF route: special-token texts removed from the "
+        "end of a response (OpenRLHF decodes with skip_special_tokens=False, so the EOS token's "
+        "text ends the query)."
+    )
+
+
+class TracingSettings(_Frozen):
+    """OpenTelemetry spans for every call and the engine batches it makes."""
+
+    enabled: bool = Field(
+        False, description="Record spans (reward.v1/<Method> per call, engine.<name> per engine "
+        "batch) through the global tracer provider; a no-op without the opentelemetry package."
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="Export spans over OTLP/HTTP to this URL (needs opentelemetry-sdk and "
+        "opentelemetry-exporter-otlp-proto-http); None: use whatever provider the process set up."
+    )
 
 
 class ServerSettings(_Frozen):
@@ -88,4 +128,8 @@ class ServerSettings(_Frozen):
     reflection: bool = Field(True, description="Serve gRPC server reflection (grpcurl).")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Serve Prometheus /metrics on this port; None: off."
+    )
+    http: HttpSettings = Field(default_factory=HttpSettings, description="The HTTP/JSON door.")
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings, description="OpenTelemetry spans."
     )

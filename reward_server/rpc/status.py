@@ -1,4 +1,5 @@
-"""THE table mapping exceptions to gRPC status codes. Nothing else maps errors to codes.
+"""THE table mapping exceptions to gRPC status codes, and those codes to HTTP statuses for the
+HTTP/JSON door. Nothing else maps errors to codes.
 
 Retrying a call helps only for the codes marked retryable: the engine or the server is busy
 (RESOURCE_EXHAUSTED, with a ``grpc-retry-pushback-ms`` hint in the trailers when the server
@@ -9,6 +10,7 @@ same answer.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import grpc
 
@@ -26,6 +28,26 @@ STATUS_TABLE: dict[type[BaseException], grpc.StatusCode] = {
     errors.EngineError: grpc.StatusCode.INTERNAL,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     asyncio.TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# The HTTP status of each code, as Google APIs and grpc-gateway map them (google.rpc.Code).
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
 }
 RETRYABLE = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
 # gRFC A6: a server's pushback, honoured by gRPC clients with a retryPolicy for the code
@@ -64,3 +86,18 @@ def trailers_for(exc: BaseException) -> tuple[tuple[str, str], ...]:
     if isinstance(exc, errors.Overloaded) and exc.retry_after_s is not None:
         return ((RETRY_PUSHBACK_KEY, str(max(0, round(exc.retry_after_s * 1000)))),)
     return ()
+
+
+def http_status_for(exc: BaseException) -> int:
+    """The HTTP status for ``exc``: the HTTP status of its gRPC code."""
+    return HTTP_STATUS[status_for(exc)]
+
+
+def http_headers_for(exc: BaseException) -> dict[str, str]:
+    """HTTP headers for ``exc``: ``Retry-After`` (whole seconds) for an Overloaded that names
+    a wait, ``WWW-Authenticate`` for a refused token."""
+    if isinstance(exc, errors.Overloaded) and exc.retry_after_s is not None:
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    if isinstance(exc, errors.Unauthenticated):
+        return {"WWW-Authenticate": 'Bearer realm="reward-server"'}
+    return {}

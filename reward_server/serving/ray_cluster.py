@@ -6,13 +6,15 @@ Ray 2.60 turns token authentication on for every cluster it starts (``ray start`
 ``$RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``); without them ``ray.init(address=...)``
 prints ``InvalidAuthToken`` for ~20 s and ends in a bare ``ConnectionError``.
 :func:`check_cluster` asks the cluster's GCS once, before ``ray.init``, and turns a refusal into
-a :class:`~reward_server.errors.ConfigError` that says what to set.
+a :class:`~reward_server.errors.ConfigError` that says what to set; so is an address where
+nothing listens (``ray.init`` would retry for a minute, then raise a bare ConnectionError).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -46,8 +48,32 @@ def resolve(address: str) -> str | None:
         gcs: str | None = canonicalize_bootstrap_address(address)
         return gcs
     except (ValueError, ConnectionError) as e:
-        raise ConfigError(f"Ray address {address!r}: {e}; give host:port of the head's GCS "
+        raise ConfigError(f"Ray address {address!r}: {str(e).rstrip('.')}; give host:port of the head's GCS "
                           "(`ray start --head` prints it) or `auto` on a cluster node") from None
+
+
+def unreachable_fix(address: str, gcs: str, detail: str) -> str:
+    shown = address if address == gcs else f"{address} (GCS {gcs})"
+    return (
+        f"cannot reach the Ray cluster at {shown}: {detail}. Is it running? Start one with "
+        "`ray start --head` (it prints the address), or point --address / serving.ray.address "
+        "/ RAY_ADDRESS at a running head's GCS (host:port, default port 6379); without an "
+        "address `reward-server serve --ray` starts a local Ray of its own."
+    )
+
+
+def _reachable(address: str, gcs: str, timeout_s: float) -> None:
+    """Raise :class:`ConfigError` when nothing accepts a TCP connection at the GCS address
+    (``ray.init`` would retry for a minute and end in a bare ConnectionError)."""
+    host, _, port = gcs.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except TimeoutError:
+        detail = f"no answer within {timeout_s:.0f}s"
+    except (OSError, ValueError) as e:
+        detail = getattr(e, "strerror", None) or str(e)
+    raise ConfigError(unreachable_fix(address, gcs, detail)) from None
 
 
 def _probe(gcs: str) -> None:
@@ -57,14 +83,14 @@ def _probe(gcs: str) -> None:
 
 
 def check_cluster(address: str, *, timeout_s: float = 15.0) -> None:
-    """Raise :class:`ConfigError` when the cluster at ``address`` refuses our token auth.
-
-    Anything else (cluster not up yet, network) is left to ``ray.init``'s own handling."""
+    """Raise :class:`ConfigError` when nothing listens at ``address`` or the cluster refuses
+    our token auth, each with the fix. Anything else is left to ``ray.init``."""
     from ray.exceptions import AuthenticationError
 
     gcs = resolve(address)
     if gcs is None:
         return
+    _reachable(address, gcs, min(timeout_s, 5.0))
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         pool.submit(_probe, gcs).result(timeout_s)

@@ -136,6 +136,18 @@ class RaySettings(BaseModel):
         "attach to applications already running (deployed by deploy/serve_config.yaml or a "
         "KubeRay RayService): what the 2nd..Nth ingress copies do."
     )
+    keep_apps_on_exit: bool = Field(
+        False, description="With deploy: true, leave the applications this ingress deployed "
+        "RUNNING when it exits (for other ingresses attached to them); false deletes them on "
+        "exit. The exit log says which. An ingress with deploy: false never deletes."
+    )
+    log_to_driver: bool = Field(
+        False, description="Forward Ray workers' stdout/stderr into the server's log. Off: the "
+        "log carries only the server's own lines (once a process uses Serve, Ray forwards the "
+        "output of every job's workers on the cluster, not just this server's); the engine "
+        "replicas' output stays in Ray's logs (`ray logs`, the dashboard, "
+        "<session dir>/logs/serve/)."
+    )
     local_num_cpus: int | None = Field(
         None, ge=1, description="Embedded local Ray only: CPUs it may use; None: all."
     )

@@ -88,6 +88,7 @@ def test_joining_the_cluster_without_its_token_fails_in_seconds_with_the_fix(ray
     took = time.monotonic() - start
     assert proc.returncode != 0
     err = proc.stderr
+    assert "Traceback" not in err and len(re.findall(r"(?m)^error: ", err)) == 1, err[-3000:]
     assert f"the Ray cluster at {ray_head.address} refused this process" in err, err[-3000:]
     assert "export RAY_AUTH_MODE=token" in err and "RAY_AUTH_TOKEN" in err
     assert "~/.ray/auth_token" in err and "ray get-auth-token" in err

@@ -56,6 +56,11 @@ def test_health_info_score(served, tmp_path) -> None:
     assert [r["id"] for r in results] == ["a", "b"]
     assert results[0]["status"] == "ITEM_STATUS_OK" and results[0]["reward"] == 1.0
     assert results[1]["reward"] == pytest.approx(0.98)
+    # one JSON convention (reward_server.rpc.jsonmap): proto field names, defaults printed
+    assert "timings_ms" in results[0] and results[0]["message"] == ""
+    v = json.loads(run_cli("verify", "--target", target, "--response", "Paris is big.",
+                           "--answer", "Paris", "--preference", "big").stdout)
+    assert {"s_correct", "s_aligned", "regime", "truncated"} <= set(v)
 
 
 def test_score_bad_lines_name_the_line(served, tmp_path) -> None:
@@ -123,6 +128,24 @@ def test_user_errors_are_one_line_and_debug_shows_the_traceback(served, tmp_path
     assert out.returncode == 1 and "is the server running at 127.0.0.1:1" in _one_line(out.stderr)
 
 
+def test_an_unreachable_ray_is_one_line_with_the_fix() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ("serve", "--fake", "--port", "0", "--address", f"127.0.0.1:{port}",
+            "--set", "logging.level=ERROR")
+    start = time.monotonic()
+    out = run_cli(*args)
+    line = _one_line(out.stderr)
+    assert out.returncode == 2 and time.monotonic() - start < 30  # not ray.init's minute of retries
+    assert line.startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port}"), line
+    assert "Connection refused" in line and "ray start --head" in line and "RAY_ADDRESS" in line
+    out = run_cli(*args, "--debug")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
 def test_score_output_is_written_whole_or_not_at_all(served, tmp_path) -> None:
     _, target = served
     good = '{"id": "a", "nli_constraints": {"response": "r", "answer": "a", "preference": "p"}}\n'
@@ -159,3 +182,34 @@ def test_sigterm_drains_and_exits_cleanly(served) -> None:
     assert proc.wait(timeout=30) == 0
     assert time.monotonic() - start < 30
     assert run_cli("health", "--target", target, "--timeout", "2").returncode != 0
+
+
+def test_serve_with_http_port_answers_json_and_drains_both_doors() -> None:
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--fake", "--port", "0", "--http-port", "0",
+         "--set", "server.drain_delay_s=0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert "listening on" in proc.stdout.readline()
+        port = None
+        for _ in range(50):  # the door logs its address before the listening line
+            m = re.search(r"HTTP/JSON door on http://[\d.]+:(\d+)", proc.stderr.readline())
+            if m:
+                port = int(m.group(1))
+                break
+        assert port is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=10) as resp:
+            assert resp.status == 200 and json.loads(resp.read())["status"] == "SERVING"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "HTTP/JSON door stopped" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

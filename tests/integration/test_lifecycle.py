@@ -129,8 +129,8 @@ async def test_an_engine_bug_is_internal_once_and_infrastructure_is_retried(erro
     async with running_server(judge=judge) as r, r.client(max_retries=2, backoff_base_s=0.01) as c:
         with pytest.raises(RewardCallError) as e:
             await c.score([ITEM])
-    assert e.value.code is code and e.value.attempts == attempts
-    assert judge.calls == attempts  # no retry storm on a bug
+    assert e.value.code is code
+    assert judge.calls == attempts  # gRPC's retryPolicy resent the infrastructure failure; no retry storm on a bug
     assert type(error).__name__ in e.value.details
 
 

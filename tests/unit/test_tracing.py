@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,22 +14,7 @@ from reward_server.rubric.templates import judge_prompt
 from reward_server.serving.batching import BatchedJudge
 
 sdk = pytest.importorskip("opentelemetry.sdk.trace")
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, sdk.TracerProvider):  # the first test to need one sets it
-        provider = sdk.TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
-    yield exporter
-    tracing.configure(enabled=False)
-    exporter.shutdown()
 
 
 async def _two_calls() -> None:

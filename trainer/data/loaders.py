@@ -41,11 +41,14 @@ LONGLAMP_PREFIX = re.compile(
 
 
 def _progress(it: Any, desc: str) -> Any:
+    """``it``'s records with a progress bar that counts them (``12/40 rec``) on a terminal;
+    no bar when stderr is not one (logs, CI)."""
+    records = list(it)  # the loaders keep every record anyway; the total makes the bar count
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm ships with the server extra
-        return it
-    return tqdm(it, desc=desc, unit="rec", leave=False)
+        return records
+    return tqdm(records, total=len(records), desc=desc, unit=" rec", leave=False, disable=None)
 
 
 def iter_records(path: Path) -> Iterator[tuple[int | None, str, Mapping[str, Any]]]:

@@ -9,10 +9,20 @@ Examples::
         --source news=LaMP_4/train_questions.json:LaMP_4/train_outputs.json \\
         --rules rules.jsonl --out data/news_pg
 
-Writes ``OUT/train.parquet`` and ``OUT/val.parquet`` (verl: data_source, prompt, ability,
-reward_model, extra_info) and ``OUT/trl_train.parquet`` / ``OUT/trl_val.parquet`` (TRL: prompt,
-data_source, extra_info_json). ``--val-size N`` holds out the last N users (per source);
-with 0 the val files repeat up to 8 training rows (verl always loads a val set).
+Writes, per ``--format`` (default: verl and trl):
+
+* verl: ``OUT/train.parquet`` and ``OUT/val.parquet`` (data_source, prompt, ability,
+  reward_model, extra_info);
+* trl: ``OUT/trl_train.parquet`` / ``OUT/trl_val.parquet`` (prompt, data_source,
+  extra_info_json);
+* openrlhf: ``OUT/openrlhf_train.jsonl`` / ``OUT/openrlhf_val.jsonl`` (input: the chat
+  messages, label: the reward.v1.ScoreItem without its response as JSON text, datasource), for
+  the reward server's OpenRLHF route: ``--data.prompt_dataset OUT/openrlhf_train.jsonl
+  --data.input_key input --data.label_key label --data.apply_chat_template
+  --reward.remote_url http://HOST:PORT/openrlhf/reward`` (docs/http.md).
+
+``--val-size N`` holds out the last N users (per source); with 0 the val files repeat up to 8
+training rows (verl always loads a val set) and a warning says so.
 """
 
 from __future__ import annotations
@@ -25,7 +35,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reward_server.domain import ParlVariant, RubricAggregate
+from reward_server.domain import ParlVariant, RubricAggregate, ScoreItem
+from reward_server.integrations.extra_info import spec_from_extra_info
+from reward_server.rpc import jsonmap
+from reward_server.rpc.convert import item_to_proto
 from trainer.data.loaders import (
     LOADERS,
     load_baselines,
@@ -96,6 +109,26 @@ def to_trl(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
              "extra_info_json": json.dumps(r["extra_info"], ensure_ascii=False)} for r in rows]
 
 
+def to_openrlhf(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenRLHF rows: the chat messages as ``input``, the row's reward item without its
+    response as ``label`` (JSON text; see reward_server.rpc.openrlhf), ``datasource``."""
+    out = []
+    for r in rows:
+        extra = r["extra_info"]
+        item = ScoreItem(item_id=f"{extra.get('user_id') or r['data_source']}",
+                         spec=spec_from_extra_info(extra, ""))
+        label = json.dumps(jsonmap.to_dict(item_to_proto(item)), ensure_ascii=False)
+        out.append({"input": r["prompt"], "label": label, "datasource": r["data_source"]})
+    return out
+
+
+def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
 def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -104,12 +137,25 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(list(rows)), path)
 
 
-def write_all(rows: Sequence[dict[str, Any]], val: Sequence[dict[str, Any]], out: Path) -> None:
+FORMATS = ("verl", "trl", "openrlhf")
+
+
+def write_all(
+    rows: Sequence[dict[str, Any]],
+    val: Sequence[dict[str, Any]],
+    out: Path,
+    formats: Sequence[str] = ("verl", "trl"),
+) -> None:
     val = list(val) or list(rows[:8])
-    write_parquet(rows, out / "train.parquet")
-    write_parquet(val, out / "val.parquet")
-    write_parquet(to_trl(rows), out / "trl_train.parquet")
-    write_parquet(to_trl(val), out / "trl_val.parquet")
+    if "verl" in formats:
+        write_parquet(rows, out / "train.parquet")
+        write_parquet(val, out / "val.parquet")
+    if "trl" in formats:
+        write_parquet(to_trl(rows), out / "trl_train.parquet")
+        write_parquet(to_trl(val), out / "trl_val.parquet")
+    if "openrlhf" in formats:
+        write_jsonl(to_openrlhf(rows), out / "openrlhf_train.jsonl")
+        write_jsonl(to_openrlhf(val), out / "openrlhf_val.jsonl")
 
 
 def _weights(text: str | None) -> dict[str, float] | None:
@@ -138,6 +184,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--aggregate", choices=[a.value for a in RubricAggregate])
     p.add_argument("--history-limit", type=int, default=10)
     p.add_argument("--val-size", type=int, default=0, help="last N users of each source")
+    p.add_argument("--format", action="append", choices=FORMATS, dest="formats",
+                   help="files to write (repeat for several; default: verl and trl)")
     p.add_argument("--out", type=Path, required=True)
     return p
 
@@ -166,7 +214,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "aggregate": RubricAggregate(args.aggregate) if args.aggregate else None,
         }
         rows, val_rows = build_rows(train, args.task, **opts), build_rows(val, args.task, **opts)
-        write_all(rows, val_rows, args.out)
+        if not rows:
+            raise ValueError(f"--val-size {args.val_size} holds out every user: no training "
+                             "rows are left; lower it")
+        if not val_rows:
+            logger.warning("the val split repeats the first %d training rows (--val-size 0): "
+                           "its scores measure training data, not held-out users; pass "
+                           "--val-size N to hold out the last N users of each source",
+                           min(8, len(rows)))
+        write_all(rows, val_rows, args.out, args.formats or ("verl", "trl"))
     except (DataFormatError, ValueError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

@@ -179,14 +179,15 @@ class RayEngines(Engines):
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Delete the applications this process deployed (unless they live on an external
-        cluster, where they are shared), then stop or leave Ray as appropriate."""
+        """Delete the applications this process deployed (unless
+        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
         if self._closed:
             return
         self._closed = True
         try:
-            if not self._connected_ray:
-                _blocking(lambda: _delete_apps(self._deployed))
+            attached = [] if self._settings.deploy else [
+                self.app_name("judge"), *([self.app_name("nli")] if self._ray_nli else [])]
+            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
             if self._owns_ray:
                 _blocking(serve.shutdown)
         finally:
@@ -194,8 +195,35 @@ class RayEngines(Engines):
                 ray.shutdown()
 
 
+def _leave_apps(
+    deployed: list[str], attached: list[str], settings: RaySettings, *, owns_ray: bool
+) -> None:
+    """On exit: delete the applications this ingress deployed, unless told to keep them (or
+    Ray itself goes with this process), and say which it did. Attached ones are never touched."""
+    if owns_ray:
+        _blocking(lambda: _delete_apps(deployed))
+        logger.info("stopping the embedded local Ray with the Serve applications on it: %s",
+                    ", ".join(deployed) or "none")
+    elif deployed and settings.keep_apps_on_exit:
+        logger.info("leaving the Serve applications this ingress deployed RUNNING: %s "
+                    "(serving.ray.keep_apps_on_exit=true; remove them with serve.delete(name) in "
+                    "Python, or all applications with `serve shutdown`)", ", ".join(deployed))
+    elif deployed:
+        _blocking(lambda: _delete_apps(deployed))
+        logger.info("deleted the Serve applications this ingress deployed: %s "
+                    "(serving.ray.keep_apps_on_exit=true keeps them)", ", ".join(deployed))
+    if attached:
+        logger.info("left the attached Serve applications running (serving.ray.deploy=false "
+                    "never deletes): %s", ", ".join(attached))
+
+
 def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
     """(owns_ray, connected_ray): started a local Ray here / joined an external cluster here.
+
+    ``log_to_driver`` is off unless ``serving.ray.log_to_driver``: Serve turns off Ray's
+    per-job filter of forwarded worker output in every process that uses it
+    (``ray.serve._private.api``: ``_filter_logs_by_job = False``), so with it on the server's
+    log would carry the output of every job's workers on the cluster.
 
     Joining: the cluster's token auth is checked first (a refusal fails in seconds with the
     fix, see :mod:`reward_server.serving.ray_cluster`). Starting: the embedded Ray advertises
@@ -208,7 +236,8 @@ def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
     if address:
         check_cluster(address)
         logger.info("joining Ray cluster at %s (namespace %s)", address, settings.namespace)
-        ray.init(address=address, namespace=settings.namespace)
+        ray.init(address=address, namespace=settings.namespace,
+                 log_to_driver=settings.log_to_driver)
         return False, True
     logger.info("starting an embedded local Ray on %s", settings.local_node_ip)
     ray.init(
@@ -216,6 +245,7 @@ def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
         num_gpus=settings.local_num_gpus,
         namespace=settings.namespace,
         include_dashboard=False,
+        log_to_driver=settings.log_to_driver,
         _node_ip_address=settings.local_node_ip,
     )
     return True, False
@@ -294,8 +324,7 @@ def start_ray_engines(
             )
             nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=settings.nli.max_replicas)
     except BaseException:
-        if not connected:
-            _blocking(lambda: _delete_apps(deployed))
+        _leave_apps(deployed, [], settings, owns_ray=owns_ray)
         if owns_ray:
             _blocking(serve.shutdown)
             ray.shutdown()

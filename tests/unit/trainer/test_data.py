@@ -142,3 +142,39 @@ def test_personalized_rows_need_rules_and_trl_rows_carry_extra_info(tmp_path: Pa
     with pytest.raises(DataFormatError, match="no induced rules"):
         build_rows([bare], "personalized_generator", reward_kind="rubric_score")
     assert main(["--task", "rubric_generator", "--out", str(tmp_path)]) == 2
+
+
+def test_openrlhf_jsonl_loads_as_openrlhf_loads_it(tmp_path: Path) -> None:
+    """OpenRLHF reads --data.prompt_dataset with HF datasets; --data.input_key input and
+    --data.label_key label then give the chat messages and the label (a JSON string)."""
+    import datasets
+
+    assert main(["--sample", "--task", "personalized_generator", "--format", "openrlhf",
+                 "--val-size", "1", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["openrlhf_train.jsonl",
+                                                          "openrlhf_val.jsonl"]
+    ds = datasets.load_dataset("json", data_files=str(tmp_path / "openrlhf_train.jsonl"))["train"]
+    assert set(ds.column_names) == {"input", "label", "datasource"}
+    rows = build_rows(sample_records(), "personalized_generator")
+    assert ds[0]["input"] == rows[0]["prompt"]
+    label = json.loads(ds[0]["label"])
+    assert label["id"] == rows[0]["extra_info"]["user_id"]
+    assert label["rubric_score"]["rules"] == rows[0]["extra_info"]["rules"]
+    assert label["rubric_score"]["text"] == ""  # the response comes from OpenRLHF's query
+
+
+def test_val_equal_to_train_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert main(["--sample", "--task", "rubric_generator", "--out", str(tmp_path)]) == 0
+    assert "val split repeats the first 8 training rows" in caplog.text
+    caplog.clear()
+    assert main(["--sample", "--task", "rubric_generator", "--val-size", "1",
+                 "--out", str(tmp_path)]) == 0
+    assert "repeats" not in caplog.text
+    assert main(["--sample", "--task", "rubric_generator", "--val-size", "9",
+                 "--out", str(tmp_path)]) == 2  # nothing left to train on
+
+
+def test_progress_counts_records() -> None:
+    bar = loaders._progress(iter(["a", "b", "c"]), "x")
+    assert list(bar) == ["a", "b", "c"]
+    assert getattr(bar, "total", 3) == 3

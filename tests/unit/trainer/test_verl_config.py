@@ -125,3 +125,15 @@ def test_relative_output_dir_inside_a_ray_job_is_refused(tmp_path, monkeypatch) 
     with pytest.raises(SystemExit, match="runs never overwrite each other"):
         run.run_dir(args, "pg")
     assert Path(tmp_path / "out" / "r1").is_dir()
+
+
+def test_the_retry_budget_goes_from_the_cli_into_the_reward_kwargs() -> None:
+    from reward_server.client import RetryBudget
+
+    args, extra = run.parser().parse_known_args([
+        "--engine", "verl", "--preset", "rubric_generator", "--attempts", "2",
+        "--deadline-s", "7", "--backoff-cap-s", "0.5", "data.train_files=x.parquet"])
+    config = verl_runner.compose("rubric_generator", run.verl_overrides(args, extra))
+    kw = config.reward.custom_reward_function.reward_kwargs
+    assert (kw.attempts, kw.deadline_s, kw.backoff_cap_s) == (2, 7.0, 0.5)  # what compute_score gets
+    assert verl_runner.retry_budget(config) == RetryBudget(attempts=2, deadline_s=7.0, backoff_cap_s=0.5)

@@ -1,0 +1,255 @@
+"""The HTTP/JSON door: the reward.v1 methods as JSON over HTTP/1.1, on ``server.http.port``.
+
+Routes (docs/http.md)::
+
+    POST /v1/score            reward.v1.ScoreRequest         -> ScoreResponse
+    POST /v1/induce_rubrics   reward.v1.InduceRubricsRequest -> InduceRubricsResponse
+    POST /v1/verify           reward.v1.VerifyRequest        -> VerifyResponse
+    GET  /v1/info (or POST)                                  -> InfoResponse
+    GET  /v1/health           {"status": "SERVING" | "NOT_SERVING", "down": {engine: why}}
+    POST /openrlhf/reward     OpenRLHF's remote reward protocol (reward_server.rpc.openrlhf)
+
+Bodies are the proto3 JSON mapping in one convention (:mod:`reward_server.rpc.jsonmap`). Every
+call runs through the gRPC servicer's :meth:`~reward_server.rpc.servicer.RewardServicer.call`:
+the same draining gate, admission, limits, deadline (``server.default_timeout_s``), work,
+metrics and spans. Errors are the gRPC status table's code mapped to its HTTP status
+(:data:`reward_server.rpc.status.HTTP_STATUS`), with the body
+``{"error": {"code": <http>, "status": "<gRPC code>", "message": "..."}}`` and, when the server
+knows how long to wait, ``Retry-After``. The token of ``server.auth_token`` is required as
+``Authorization: Bearer <token>`` (or as the password of HTTP Basic auth, which is what
+``http://user:<token>@host`` URLs send); ``/v1/health`` is open, as gRPC health is.
+
+Starlette routes it and uvicorn serves it, as a task of the server's own event loop, with
+uvicorn's signal handling off (the CLI's SIGTERM/SIGINT drain stops both doors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import uvicorn
+from google.protobuf.message import Message
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.errors import ConfigError, DeadlineExceeded, InvalidRequest, Unauthenticated
+from reward_server.rpc import jsonmap, openrlhf
+from reward_server.rpc.auth import TokenCheck
+from reward_server.rpc.health import HealthMonitor
+from reward_server.rpc.servicer import RewardServicer
+from reward_server.rpc.settings import ServerSettings
+from reward_server.rpc.status import http_headers_for, http_status_for, message_for, status_for
+
+logger = logging.getLogger(__name__)
+JSON = "application/json"
+PARSE_INLINE_BYTES = 256 * 1024  # larger bodies are parsed in a worker thread
+METHODS: dict[str, tuple[str, type[Message]]] = {  # path -> (method, request message)
+    "/v1/score": ("Score", pb.ScoreRequest),
+    "/v1/induce_rubrics": ("InduceRubrics", pb.InduceRubricsRequest),
+    "/v1/verify": ("Verify", pb.VerifyRequest),
+}
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """JSON text (NaN written as ``NaN``, as Python's json reads it)."""
+    return Response(json.dumps(body, ensure_ascii=False), status, headers, media_type=JSON)
+
+
+def error_response(exc: BaseException) -> Response:
+    status = http_status_for(exc)
+    body = {"error": {"code": status, "status": status_for(exc).name, "message": message_for(exc)}}
+    return json_response(body, status, http_headers_for(exc))
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the reward server drains on SIGTERM itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpDoor:
+    """The HTTP/JSON door over ``servicer`` (see the module doc); bound at construction."""
+
+    def __init__(
+        self, settings: ServerSettings, servicer: RewardServicer, monitor: HealthMonitor
+    ) -> None:
+        self._settings = settings
+        self._servicer = servicer
+        self._monitor = monitor
+        token = settings.auth_token
+        self._check = TokenCheck(token.get_secret_value()) if token is not None else None
+        routes = [Route(path, self._endpoint(rpc, cls), methods=["POST"])
+                  for path, (rpc, cls) in METHODS.items()]
+        routes += [
+            Route("/v1/info", self._info, methods=["GET", "POST"]),
+            Route("/v1/health", self._health, methods=["GET"]),
+            Route("/openrlhf/reward", self._openrlhf, methods=["POST"]),
+        ]
+        self.app = Starlette(routes=routes)
+        http = settings.http
+        self.host = http.host or settings.host
+        self._socket = self._bind(self.host, http.port or 0)
+        self.port: int = self._socket.getsockname()[1]
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _bind(host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            sock.close()
+            raise ConfigError(
+                f"cannot bind the HTTP door to {host}:{port} ({e.strerror}); choose another "
+                "server.http.port (0 picks a free one) or server.http.host"
+            ) from None
+        sock.set_inheritable(True)
+        return sock
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        config = uvicorn.Config(
+            self.app, log_config=None, access_log=False, lifespan="off",
+            timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)),
+            limit_concurrency=self._settings.max_connections,  # more: 503 at once
+            server_header=False,
+        )
+        self._server = _Server(config)
+        self._task = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[self._socket]), name="http-door"
+        )
+        while not self._server.started:
+            if self._task.done():  # failed to start: raise its error here
+                self._task.result()
+                raise ConfigError("the HTTP door stopped while starting")
+            await asyncio.sleep(0.01)
+        logger.info("HTTP/JSON door on http://%s:%d (auth=%s)", self.host, self.port,
+                    self._check is not None)
+
+    async def stop(self) -> None:
+        """Stop accepting connections, let requests in flight finish, close."""
+        if self._server is None or self._task is None:
+            self._socket.close()
+            return
+        self._server.should_exit = True
+        try:
+            await self._task
+        finally:
+            self._socket.close()
+            self._server = self._task = None
+        logger.info("HTTP/JSON door stopped")
+
+    # ---------------------------------------------------------------- calls
+    def _authorize(self, request: Request) -> None:
+        if self._check is None:
+            return
+        problem = self._check.problem(request.headers.get("authorization", "").encode(),
+                                      basic=True)
+        if problem is not None:
+            raise Unauthenticated(problem.replace("metadata", "header"))
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self._settings.http.max_body_bytes
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise InvalidRequest(f"the body has {length} bytes, more than "
+                                 f"server.http.max_body_bytes={limit}")
+
+        async def read() -> bytes:
+            chunks, n = [], 0
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > limit:
+                    raise InvalidRequest(f"the body is larger than server.http.max_body_bytes="
+                                         f"{limit}")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        timeout = self._settings.receive_timeout_s
+        try:
+            return await asyncio.wait_for(read(), timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(f"the request body did not arrive within "
+                                   f"server.receive_timeout_s={timeout}s") from None
+
+    async def _call(self, request: Request, rpc: str,
+                    receive: Callable[[], Awaitable[bytes]]) -> Message:
+        self._authorize(request)
+        return await self._servicer.call(rpc, receive, time_remaining=lambda: None,
+                                         transport="http")
+
+    def _endpoint(self, rpc: str, cls: type[Message]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            async def receive() -> bytes:
+                body = await self._body(request) or b"{}"
+                if len(body) < PARSE_INLINE_BYTES:
+                    return jsonmap.parse(cls, body).SerializeToString()
+                # json_format walks the JSON in Python: keep the event loop free meanwhile
+                return await asyncio.to_thread(lambda: jsonmap.parse(cls, body).SerializeToString())
+
+            try:
+                return json_response(jsonmap.to_dict(await self._call(request, rpc, receive)))
+            except Exception as exc:  # the one table; INTERNAL for anything unexpected
+                return error_response(exc)
+
+        return endpoint
+
+    async def _info(self, request: Request) -> Response:
+        async def receive() -> bytes:
+            return b""
+
+        try:
+            return json_response(jsonmap.to_dict(await self._call(request, "Info", receive)))
+        except Exception as exc:
+            return error_response(exc)
+
+    async def _health(self, request: Request) -> Response:
+        serving = bool(self._monitor.serving)
+        body = {"status": "SERVING" if serving else "NOT_SERVING", "down": dict(self._monitor.down)}
+        return json_response(body, 200 if serving else 503)
+
+    async def _openrlhf(self, request: Request) -> Response:
+        markers = self._settings.http.openrlhf_end_markers
+        built: list[pb.ScoreRequest] = []
+        try:
+            self._authorize(request)
+            body = await self._body(request)  # small: OpenRLHF sends one sample per request
+            if _empty_batch(body):  # what OpenRLHF sends its 2nd, 3rd, ... server
+                return json_response({"rewards": [], "scores": [], "extra_logs": {}})
+
+            async def receive() -> bytes:
+                try:
+                    payload = json.loads(body)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise InvalidRequest(f"the body is not JSON ({e})") from None
+                built.append(openrlhf.score_request(payload, end_markers=markers))
+                return built[-1].SerializeToString()
+
+            response = await self._call(request, "Score", receive)
+            assert isinstance(response, pb.ScoreResponse)
+            return json_response(openrlhf.reply(built[-1], response))
+        except Exception as exc:
+            return error_response(exc)
+
+
+def _empty_batch(body: bytes) -> bool:
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(payload, dict) and payload.get("query") == []
