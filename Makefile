@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= server,eval,trl,deepspeed,train,dev
 
-.PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench clean
+.PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench gpu-kit gpu-check clean
 
 venv: $(VENV)/.installed
 
@@ -65,6 +65,14 @@ demo: venv
 bench: venv
 	$(PY) bench/rubric_reward.py --small
 	$(PY) bench/nli_throughput.py --pairs 300
+
+# The GPU validation kit: `make gpu-kit` where pip works (wheels + tokenizers into .gpu-kit/),
+# then `make gpu-check` on the GPU machine (system python3; CPU fallback without CUDA).
+gpu-kit:
+	scripts/gpu_kit/download.sh
+
+gpu-check:
+	scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -24,6 +24,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,22 +193,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def gpu_fixed_lengths(eng: TransformersNLI, tok: Any, args: argparse.Namespace) -> None:
+def fixed_length_rates(
+    eng: TransformersNLI, tok: Any, *, lengths: Sequence[int] = (128, 256, 512), pairs_at: Any = None,
+    peak_tflops: float = 790.0, seed: int = 0,
+) -> list[dict[str, float]]:
+    """Pairs/s of ``eng`` on pairs of exactly ``lengths`` tokens each, with the TFLOP/s that
+    implies (2 x encoder params x tokens, attention left out) and its share of ``peak_tflops``.
+    ``pairs_at(total)``: how many pairs to time at each length (default ~2M tokens' worth)."""
     model = eng._model
     params = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
-    print(f"\nGPU fixed lengths (bf16, encoder params {params / 1e6:.1f}M, peak {args.peak_tflops} TFLOP/s)")
-    print(f"{'tokens/pair':>11s} {'pairs/s':>9s} {'TFLOP/s':>8s} {'% peak':>7s}")
-    for total in (128, 256, 512):
-        n = max(256, min(8192, 2_000_000 // total))
-        fixed = fixed_length_pairs(tok, n, total, args.seed)
-        asyncio.run(eng.entailment(fixed[:64]))
+    rows = []
+    for total in lengths:
+        n = pairs_at(total) if pairs_at else max(256, min(8192, 2_000_000 // total))
+        fixed = fixed_length_pairs(tok, n, total, seed)
+        asyncio.run(eng.entailment(fixed[:64]))  # warm-up (kernels, allocator) at this shape
         sync_cuda()
         _, dt = timed(lambda fixed=fixed: (asyncio.run(eng.entailment(fixed)), sync_cuda()))
         tokens = sum(
             len(tok(p.premise, p.hypothesis, truncation=True, max_length=eng.max_length)["input_ids"]) for p in fixed
         )
         tflops = 2 * params * tokens / dt / 1e12
-        print(f"{total:11d} {n / dt:9.1f} {tflops:8.1f} {100 * tflops / args.peak_tflops:6.1f}%")
+        rows.append({"tokens_per_pair": total, "pairs": n, "pairs_s": n / dt, "tflops": tflops,
+                     "peak_share": tflops / peak_tflops, "encoder_params_m": params / 1e6})  # fmt: skip
+    return rows
+
+
+def gpu_fixed_lengths(eng: TransformersNLI, tok: Any, args: argparse.Namespace) -> None:
+    rows = fixed_length_rates(eng, tok, peak_tflops=args.peak_tflops, seed=args.seed)
+    print(f"\nGPU fixed lengths (bf16, encoder params {rows[0]['encoder_params_m']:.1f}M, "
+          f"peak {args.peak_tflops} TFLOP/s)")  # fmt: skip
+    print(f"{'tokens/pair':>11s} {'pairs/s':>9s} {'TFLOP/s':>8s} {'% peak':>7s}")
+    for r in rows:
+        print(f"{r['tokens_per_pair']:11.0f} {r['pairs_s']:9.1f} {r['tflops']:8.1f} {100 * r['peak_share']:6.1f}%")
 
 
 if __name__ == "__main__":

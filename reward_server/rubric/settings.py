@@ -14,8 +14,8 @@ class RubricSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    template_version: Literal["parl-v1"] = Field(
-        "parl-v1", description="Prompt template family version (the judge and generator "
+    template_version: Literal["parl-v2"] = Field(
+        "parl-v2", description="Prompt template family version (the judge and generator "
         "prompts of reward_server.rubric.templates)."
     )
     threshold: float = Field(

@@ -19,7 +19,7 @@ from reward_server.backends.base import GenerationRequest, JudgePrompt
 from reward_server.domain import HistoryItem, Task
 from reward_server.rubric.settings import RubricSettings
 
-TEMPLATE_VERSION = "parl-v1"  # RubricSettings.template_version admits exactly this
+TEMPLATE_VERSION = "parl-v2"  # RubricSettings.template_version admits exactly this
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,20 @@ JUDGE_SYSTEM = (
     "Decide whether the {text_lower} satisfies the rule. Answer with a single word: yes or no."
 )
 
-# The prefix ends on the text's last character and the suffix starts with the newlines: the
-# split then falls on a pre-tokenizer boundary, so tokens(prefix) + tokens(suffix) equals
+# Everything but the rule is in the prefix, so that the rules judged against one text share
+# all of it (its KV is computed once per text, see docs/parl.md "Prefix sharing"): the question
+# comes before the rule, and the suffix is the rule alone (plus the chat template's closing
+# tokens), ~15 tokens instead of ~36 with the question after the rule. The prefix ends on a
+# newline and the suffix starts with the rule's first character (rules are stripped): the split
+# falls on a pre-tokenizer boundary, so tokens(prefix) + tokens(suffix) equals
 # tokens(prefix + suffix) for byte-level BPE tokenizers (the ids engines that tokenize the
 # whole prompt, e.g. vLLM, see).
-JUDGE_PREFIX = "## {context_label}\n{context}\n\n## {text_label}\n{text}"
-JUDGE_SUFFIX = "\n\n## Rubric rule\n{rule}\n\nDoes the {text_lower} above satisfy the rubric rule? Answer yes or no."
+JUDGE_PREFIX = (
+    "## {context_label}\n{context}\n\n## {text_label}\n{text}\n\n"
+    "## Question\nDoes the {text_lower} above satisfy the rubric rule below? Answer yes or no.\n\n"
+    "## Rubric rule\n"
+)
+JUDGE_SUFFIX = "{rule}"
 
 GENERATOR_SYSTEM = (
     "You are an expert in writing style analysis and personalization. You study the writing "
@@ -102,8 +110,9 @@ def judge_prompt(context: str, text: str, rule: str, task: Task) -> JudgePrompt:
         context=context.strip() or "(none)",
         text_label=labels.text,
         text=text.strip(),
+        text_lower=labels.text.lower(),
     )
-    suffix = JUDGE_SUFFIX.format(rule=rule.strip(), text_lower=labels.text.lower())
+    suffix = JUDGE_SUFFIX.format(rule=rule.strip())
     return JudgePrompt(system=system, prefix=prefix, suffix=suffix)
 
 

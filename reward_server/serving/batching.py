@@ -4,10 +4,14 @@ verl sends one reward request per finished rollout, so the server sees many conc
 a few prompts each. :class:`Batcher` packs the items of the calls that arrive within
 ``wait_ms`` of a batch's first item into engine calls of at most ``max_items`` (a big call is
 spread over several batches; a batch can hold pieces of several calls), then hands each caller
-its own results, in order. If an engine call fails, every caller with items in it gets the
-exception (classified by :func:`reward_server.errors.engine_failure`: infrastructure or bug): a
-failure is never turned into numbers. The same block runs in front of an
-in-process engine and in front of a Ray Serve deployment handle.
+its own results, in order. With ``max_in_flight``, at most that many engine calls run at once:
+a batch whose wait is over while every slot is busy keeps taking items (up to ``max_items``)
+and starts when a call returns, so under load batches grow rather than the number of calls
+(what a Ray deployment call, with its fixed cost, needs). If an engine call fails, every
+caller with items in it gets the exception (classified by
+:func:`reward_server.errors.engine_failure`: infrastructure or bug): a failure is never turned
+into numbers. The same block runs in front of an in-process engine and in front of a Ray Serve
+deployment handle.
 """
 
 from __future__ import annotations
@@ -71,14 +75,18 @@ class Batcher(Generic[Q, R]):
         max_items: int,
         wait_s: float,
         name: str = "engine",
+        max_in_flight: int | None = None,
     ) -> None:
-        if max_items < 1 or wait_s < 0:
-            raise ValueError("max_items must be >= 1 and wait_s >= 0")
+        if max_items < 1 or wait_s < 0 or (max_in_flight is not None and max_in_flight < 1):
+            raise ValueError("max_items must be >= 1, wait_s >= 0 and max_in_flight >= 1 or None")
         self._fn = fn
         self._max_items = max_items
         self._wait_s = wait_s
         self._name = name
+        self._max_in_flight = max_in_flight
         self._current: _Batch[Q, R] | None = None
+        self._due = False  # the current batch's wait is over; it starts when a call slot frees
+        self._ready: deque[_Batch[Q, R]] = deque()  # full batches waiting for a call slot
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()
         self.stats = BatchStats()
@@ -112,14 +120,38 @@ class Batcher(Generic[Q, R]):
         return out
 
     def _flush(self) -> None:
+        """The current batch is full or its wait is over: start it, or (every call slot busy)
+        queue it if full, else let it keep filling until a slot frees."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._current = self._current, None
-        if batch is not None and batch.items:
-            task = asyncio.ensure_future(self._run(batch))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+        batch = self._current
+        if batch is None or not batch.items:
+            return
+        full = len(batch.items) >= self._max_items
+        busy = self._max_in_flight is not None and (len(self._running) >= self._max_in_flight or bool(self._ready))
+        if busy:
+            if full:
+                self._ready.append(batch)
+                self._current, self._due = None, False
+            else:
+                self._due = True
+            return
+        self._current, self._due = None, False
+        self._start(batch)
+
+    def _start(self, batch: _Batch[Q, R]) -> None:
+        task = asyncio.ensure_future(self._run(batch))
+        self._running.add(task)
+        task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._ready:
+            self._start(self._ready.popleft())
+        elif self._due and self._current is not None:
+            batch, self._current, self._due = self._current, None, False
+            self._start(batch)
 
     async def _run(self, batch: _Batch[Q, R]) -> None:
         n = len(batch.items)
@@ -152,12 +184,16 @@ class Batcher(Generic[Q, R]):
 
 
 class BatchedJudge:
-    """A JudgeEngine whose ``p_yes`` calls go through a :class:`Batcher`."""
+    """A JudgeEngine whose ``p_yes`` calls go through a :class:`Batcher` (``max_in_flight``:
+    the hosting's default, used when ``batching.max_in_flight`` is None)."""
 
-    def __init__(self, engine: JudgeEngine, batching: BatchingSettings, *, name: str = "judge") -> None:
+    def __init__(
+        self, engine: JudgeEngine, batching: BatchingSettings, *, name: str = "judge", max_in_flight: int | None = None
+    ) -> None:
         self.engine = engine
         self.batcher: Batcher[JudgePrompt, float] = Batcher(
-            engine.p_yes, max_items=batching.max_items, wait_s=batching.wait_ms / 1000, name=name
+            engine.p_yes, max_items=batching.max_items, wait_s=batching.wait_ms / 1000, name=name,
+            max_in_flight=batching.max_in_flight or max_in_flight,
         )
 
     @property
@@ -178,13 +214,16 @@ class BatchedJudge:
 
 
 class BatchedNLI:
-    """An NLIEngine whose ``entailment`` calls go through a :class:`Batcher`."""
+    """An NLIEngine whose ``entailment`` calls go through a :class:`Batcher` (``max_in_flight``
+    as in :class:`BatchedJudge`)."""
 
-    def __init__(self, engine: NLIEngine, batching: BatchingSettings, *, name: str = "nli") -> None:
+    def __init__(
+        self, engine: NLIEngine, batching: BatchingSettings, *, name: str = "nli", max_in_flight: int | None = None
+    ) -> None:
         self.engine = engine
         self.batcher: Batcher[NLIPair, NLIScore] = Batcher(
             engine.entailment, max_items=batching.max_items, wait_s=batching.wait_ms / 1000,
-            name=name,
+            name=name, max_in_flight=batching.max_in_flight or max_in_flight,
         )
 
     @property

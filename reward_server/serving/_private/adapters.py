@@ -42,11 +42,14 @@ from reward_server.errors import (
     RewardServerError,
     engine_failure,
 )
+from reward_server.serving.batching import Batcher
 
 logger = logging.getLogger(__name__)
 
 _REPLICA_GONE = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
 _TOKEN_CACHE = 65_536
+_TOKEN_BATCH = 4096  # texts per coalesced token_counts call
+_TOKEN_WAIT_S = 0.002  # as engines.<kind>.batching.wait_ms's default
 _HEALTH_TTL_S = 1.0
 
 
@@ -213,14 +216,26 @@ class RayNLI:
     """An :class:`NLIEngine` whose work runs on the NLI deployment's replicas.
 
     ``token_counts`` asks a replica (the tokenizer lives there) and caches each text's count
-    (bounded LRU), so repeated texts cost nothing.
+    (bounded LRU), so repeated texts cost nothing. The texts missing from the cache go through
+    a :class:`Batcher` of their own: concurrent 1-item Score calls (verl's pattern) would
+    otherwise make one Ray call each before their entailment batch.
     """
 
-    def __init__(self, caller: HandleCaller, *, model_id: str, max_length: int) -> None:
+    def __init__(
+        self, caller: HandleCaller, *, model_id: str, max_length: int, count_wait_s: float = _TOKEN_WAIT_S
+    ) -> None:
         self._caller = caller
         self._model_id = model_id
         self._max_length = max_length
         self._counts: OrderedDict[str, int] = OrderedDict()
+        self._count_batcher: Batcher[str, int] = Batcher(
+            self._fetch_counts, max_items=_TOKEN_BATCH, wait_s=count_wait_s, name="nli_token_counts"
+        )
+
+    async def _fetch_counts(self, texts: Sequence[str]) -> list[int]:
+        unique = list(dict.fromkeys(texts))  # concurrent calls can miss the same text
+        counts = dict(zip(unique, await self._caller.call("token_counts", unique), strict=True))
+        return [int(counts[t]) for t in texts]
 
     @property
     def model_id(self) -> str:
@@ -237,9 +252,9 @@ class RayNLI:
     async def token_counts(self, texts: Sequence[str]) -> list[int]:
         missing = list(dict.fromkeys(t for t in texts if t not in self._counts))
         if missing:
-            counts = await self._caller.call("token_counts", missing)
-            for text, n in zip(missing, counts, strict=True):
-                self._counts[text] = int(n)
+            counts = await self._count_batcher.submit(missing)
+            for text, count in zip(missing, counts, strict=True):
+                self._counts[text] = count
             while len(self._counts) > _TOKEN_CACHE:
                 self._counts.popitem(last=False)
         out = []

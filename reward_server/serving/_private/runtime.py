@@ -302,7 +302,9 @@ def start_ray_engines(
             _caller(handle, "judge", settings),
             model_id=str(_info(handle, settings.ready_timeout_s)["model_id"]),
         )
-        judge: JudgeEngine = BatchedJudge(ray_judge, engines.judge.batching)
+        judge: JudgeEngine = BatchedJudge(
+            ray_judge, engines.judge.batching, max_in_flight=settings.judge.max_replicas
+        )
         nli: NLIEngine
         ray_nli: RayNLI | None = None
         if isinstance(engines.nli, JudgeNLISettings):  # judge-as-NLI over the judge deployment
@@ -321,7 +323,7 @@ def start_ray_engines(
                 model_id=str(info["model_id"]),
                 max_length=int(info["max_length"]),
             )
-            nli = BatchedNLI(ray_nli, engines.nli.batching)
+            nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=settings.nli.max_replicas)
     except BaseException:
         _leave_apps(deployed, [], settings, owns_ray=owns_ray)
         if owns_ray:

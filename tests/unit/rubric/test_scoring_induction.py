@@ -54,10 +54,12 @@ def test_judge_prompt_text_before_rule_and_prefix_shared() -> None:
     a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS)
     b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS)
     assert a.system == b.system and a.prefix == b.prefix and a.suffix != b.suffix
-    assert a.prefix.endswith("Rain again") and a.suffix.startswith("\n")
-    assert "Article" in a.prefix and "Headline" in a.prefix and RA in a.suffix
+    # the suffix is the rule alone: the question and headings are shared in the prefix
+    assert a.suffix == RA and a.prefix.endswith("## Rubric rule\n")
+    assert a.prefix.index("Rain again") < a.prefix.index("yes or no")
+    assert "Article" in a.prefix and "Headline" in a.prefix
     assert text_and_rule(a) == ("Rain again", RA)  # what the fake judge reads back
-    assert "yes or no" in a.suffix and "yes or no" in a.system
+    assert "yes or no" in a.system
     for task in Task:
         assert judge_prompt("c", "t", RA, task).prefix.index("c") < judge_prompt("c", "t", RA, task).prefix.rindex("t")
 
@@ -67,8 +69,8 @@ def test_generator_prompt_and_versions() -> None:
     req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, s, seed=7)
     assert "great product" in req.user and '"rule"' in req.user and "10" in req.user
     assert req.seed == 7 and req.temperature == 0.6 and req.top_p == 0.95
-    assert template_versions(s) == {"rubric.judge": "parl-v1", "rubric.generator": "parl-v1"}
-    with pytest.raises(ValidationError, match="parl-v1"):  # refused at load, not per request
+    assert template_versions(s) == {"rubric.judge": "parl-v2", "rubric.generator": "parl-v2"}
+    with pytest.raises(ValidationError, match="parl-v2"):  # refused at load, not per request
         RubricSettings(template_version="parl-v999")  # type: ignore[arg-type]
 
 

@@ -125,3 +125,46 @@ def test_bad_arguments() -> None:
 
     with pytest.raises(ValueError):
         Batcher(fn, max_items=0, wait_s=0.0)
+
+
+async def test_max_in_flight_lets_batches_grow_while_the_engine_is_busy() -> None:
+    seen: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def fn(xs: Sequence[int]) -> list[int]:
+        seen.append(list(xs))
+        if len(seen) == 1:
+            await gate.wait()  # the first call holds the only slot
+        return [-x for x in xs]
+
+    b: Batcher[int, int] = Batcher(fn, max_items=4, wait_s=0.001, max_in_flight=1)
+    first = asyncio.ensure_future(b.submit([0]))
+    await asyncio.sleep(0.02)  # the first batch is running
+    later = [asyncio.ensure_future(b.submit([i])) for i in range(1, 7)]
+    await asyncio.sleep(0.02)  # their wait is long over, yet no call starts while the slot is busy
+    assert seen == [[0]]
+    gate.set()
+    assert await asyncio.wait_for(first, 2) == [0]
+    assert [await asyncio.wait_for(f, 2) for f in later] == [[-i] for i in range(1, 7)]
+    # 1..4 filled a batch that queued; 5, 6 kept filling the next one, started when a slot freed
+    assert seen == [[0], [1, 2, 3, 4], [5, 6]]
+    assert b.stats.items == 7
+
+
+async def test_max_in_flight_none_starts_every_batch_at_its_deadline() -> None:
+    running = 0
+    most = 0
+
+    async def fn(xs: Sequence[int]) -> list[int]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        return list(xs)
+
+    b: Batcher[int, int] = Batcher(fn, max_items=1, wait_s=0.0)
+    assert await asyncio.gather(*(b.submit([i]) for i in range(5))) == [[i] for i in range(5)]
+    assert most == 5
+    with pytest.raises(ValueError, match="max_in_flight"):
+        Batcher(fn, max_items=1, wait_s=0.0, max_in_flight=0)
