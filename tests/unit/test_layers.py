@@ -62,6 +62,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "reward_server.numerics": ("reward_server.",),
     "reward_server.metrics": ("reward_server.",),
     "reward_server.cooperative": ("reward_server.",),
+    "reward_server.channel": ("reward_server.",),  # the client's channel policy: grpc only
     "reward_server.components": tuple(
         p for p in ("reward_server.backends", "reward_server.rubric", "reward_server.nli",
                     "reward_server.serving", "reward_server.service", "reward_server.rpc",
