@@ -45,6 +45,21 @@ QUIET_S = 0.05  # before the port closes: no call arrived for this long ...
 QUIET_MAX_S = 1.0  # ... or this long passed
 
 
+STEP_BOUND_S = 5.0  # a drain step that has not ended this long past its due time is left
+
+
+async def _bounded(step: Any, timeout_s: float, what: str) -> None:
+    """Await ``step`` for at most ``timeout_s``, then go on without it (logged). gRPC's aio
+    shutdown was seen, rarely, never to return after failed calls (grpcio 1.85); a drain must
+    end all the same, so that SIGTERM exits and a test's server goes away."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        logger.error("%s did not finish within %.1fs; going on without it", what, timeout_s)
+        return
+    task.result()
+
+
 class RewardGrpcServer:
     """A started-on-demand grpc.aio server with its live health and its drain."""
 
@@ -79,7 +94,7 @@ class RewardGrpcServer:
         grace = s.grace_period_s if grace is None else grace
         drain_delay = s.drain_delay_s if drain_delay is None else drain_delay
         logger.info("draining: NOT_SERVING, serving for %.1fs, grace %.1fs", drain_delay, grace)
-        await self.monitor.stop()
+        await _bounded(self.monitor.stop(), STEP_BOUND_S, "stopping the health watcher")
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
         deadline = time.monotonic() + grace
@@ -91,7 +106,8 @@ class RewardGrpcServer:
         stopping = asyncio.ensure_future(self.server.stop(max(0.0, deadline - time.monotonic())))
         await asyncio.sleep(SHUTDOWN_STARTED_S)  # the port is closed now ...
         self.servicer.release_parked()  # ... so the held calls may be answered
-        await stopping
+        await _bounded(stopping, max(0.0, deadline - time.monotonic()) + STEP_BOUND_S,
+                       "gRPC's server shutdown")
         self._stopped.set()
         logger.info("server stopped")
 
