@@ -95,8 +95,8 @@ class RetryBudget:
         if not (MIN_BACKOFF_S <= self.backoff_initial_s <= self.backoff_cap_s):
             raise ValueError(
                 f"need {MIN_BACKOFF_S} <= backoff_initial_s ({self.backoff_initial_s}) <= "
-                f"backoff_cap_s ({self.backoff_cap_s}); below {MIN_BACKOFF_S} s gRPC's retries "
-                "can hang a call (grpc/grpc#41036)"
+                f"backoff_cap_s ({self.backoff_cap_s}); shorter backoffs only hammer a failing "
+                "server (and gRPC core's retries are buggy with tiny ones, grpc/grpc#41036)"
             )
         if not (self.deadline_s > 0 and math.isfinite(self.deadline_s)):
             raise ValueError(f"deadline_s must be a positive number of seconds (got {self.deadline_s})")
