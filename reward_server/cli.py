@@ -87,6 +87,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: reward-server serve: {problem}", file=sys.stderr)
         return 2
     _setup_logging(config.logging.level, json_format=config.logging.json_format)
+    ray_settings = config.serving.ray
+    if config.serving.mode == "ray" and not (ray_settings.address or os.environ.get("RAY_ADDRESS")):
+        from reward_server.serving.ray_cluster import keep_local_ray_on_loopback
+
+        keep_local_ray_on_loopback(local_node_ip=ray_settings.local_node_ip)
     return asyncio.run(_serve(config))
 
 

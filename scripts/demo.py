@@ -39,12 +39,12 @@ def step(msg: str) -> None:
     print(f"\n==> {msg}", flush=True)
 
 
-def start_server(config: Path, address: str, log_path: Path,
+def start_server(config: Path, address: str, log_path: Path, *, env: dict[str, str],
                  timeout_s: float) -> tuple[subprocess.Popen[str], str]:
     log = log_path.open("w")
     proc = subprocess.Popen(
         [PY, "-m", "reward_server", "serve", "-c", str(config), "--address", address, "--port", "0"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=project_env(),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
@@ -103,16 +103,21 @@ def main() -> int:
     try:
         if args.ray_address and args.ray_dashboard:
             step(f"3/6 reusing the Ray head at {args.ray_address} (jobs: {args.ray_dashboard})")
-            address, dashboard = args.ray_address, args.ray_dashboard
+            address, dashboard, env = args.ray_address, args.ray_dashboard, project_env()
         else:
-            step("3/6 a local Ray head from this environment (ray start --head, token auth)")
-            head = LocalRayHead(num_cpus=2, log_path=out / "ray_head.log").start()
-            address, dashboard = head.address, head.dashboard_url
-            print(f"Ray head {address}, job API {dashboard} (log: {out / 'ray_head.log'})", flush=True)
+            step("3/6 a local Ray head from this environment (ray start --head, token auth, loopback)")
+            try:
+                head = LocalRayHead(num_cpus=2, log_path=out / "ray_head.log").start()
+            except RuntimeError as e:
+                raise SystemExit(f"error: {e}") from None
+            address, dashboard, env = head.address, head.dashboard_url, head.env
+            own = "its own token (mode 0600, removed with the head)" if head.token_path else "your token"
+            print(f"Ray head {address}, job API {dashboard}, {own} (log: {out / 'ray_head.log'})\n"
+                  f"to use it by hand while the demo runs: {head.usage_line()}", flush=True)
 
         step(f"4/6 reward server on that Ray ({args.config.relative_to(ROOT)})")
         server_log = out / "server.log"
-        server, target = start_server(args.config, address, server_log, timeout_s=600)
+        server, target = start_server(args.config, address, server_log, env=env, timeout_s=600)
         print(f"serving on {target} (log: {server_log})", flush=True)
 
         run_name = f"trl-demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -124,7 +129,7 @@ def main() -> int:
                   "--working-dir", ".", "--", *entry]
         step(f"5/6 TRL GRPO, {args.steps} steps of SmolLM2-135M, as a Ray job:\n    "
              + shlex.join(submit))
-        job = subprocess.run(submit, cwd=ROOT, env=project_env())
+        job = subprocess.run(submit, cwd=ROOT, env=env)
         if job.returncode != 0:
             raise SystemExit(f"the training job failed (exit {job.returncode}); its log is above")
     finally:

@@ -153,3 +153,39 @@ def exported() -> Iterator[Any]:
     yield exporter
     tracing.configure(enabled=False)
     exporter.shutdown()
+
+
+def _listeners_of(pid: int) -> list[tuple[int, str, str, int]]:
+    """Every TCP listener of ``pid`` and its descendants: (pid, process name, ip, port)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    procs = {p.pid: p for p in [root, *root.children(recursive=True)]}
+    out = []
+    for c in psutil.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN and c.pid in procs:
+            try:
+                name = procs[c.pid].name()
+            except psutil.Error:
+                name = "?"
+            out.append((c.pid, name, c.laddr.ip, c.laddr.port))
+    return out
+
+
+def is_loopback_ip(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return bool((mapped or addr).is_loopback)
+
+
+@pytest.fixture
+def listeners_of() -> Callable[[int], list[tuple[int, str, str, int]]]:
+    """``listeners_of(pid)``: the TCP listeners of a process tree (see :func:`_listeners_of`)."""
+    return _listeners_of
+
+
+@pytest.fixture
+def loopback() -> Callable[[str], bool]:
+    return is_loopback_ip

@@ -3,17 +3,24 @@
 ``make demo`` and the end-to-end tests use it the way the README tells users to run a cluster on
 one machine: ``ray start --head`` from a shell whose PATH begins with the project's ``.venv/bin``
 (a job's entrypoint runs the ``python`` of the PATH the head was started with), token auth on
-(``RAY_AUTH_MODE=token``, Ray 2.60's default for clusters it starts; the token is
-``~/.ray/auth_token``, or ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH``), the dashboard (job
-API) bound to 127.0.0.1, every port chosen free, and its own temp dir so that it never becomes
+(``RAY_AUTH_MODE=token``, Ray 2.60's default for clusters it starts), the node and the dashboard
+(job API) on 127.0.0.1, every port chosen free, and its own temp dir so that it never becomes
 another process's ``address="auto"``. ``ray stop`` would stop every Ray on the machine: stop it
 with :meth:`LocalRayHead.stop` (it ends the ``ray start --block`` process, which stops the rest).
+
+The token: the user's own where there is one (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``,
+``~/.ray/auth_token``), used as it is. Otherwise the head makes one in its own temp dir (mode
+0600, removed with the head; never printed or logged) and :attr:`LocalRayHead.env` points
+``RAY_AUTH_TOKEN_PATH`` at it, so everything started with that environment (``ray job submit``,
+``reward-server serve --address``, a second node, the job's workers) carries it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -47,18 +54,71 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def project_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment, with this Python's bin dir first on PATH and Ray token auth on."""
+def project_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """This environment, with this Python's bin dir first on PATH and Ray token auth on;
+    ``extra`` adds variables (a ``None`` value removes one)."""
     bin_dir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{path}", "RAY_AUTH_MODE": "token",
            "PYTHONUNBUFFERED": "1"}
-    env.update(extra or {})
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 
+def has_user_token(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` gives Ray a token of the user's own: ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``$HOME/.ray/auth_token`` (where Ray 2.60 looks)."""
+    if env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH"):
+        return True
+    home = env.get("HOME")
+    return home is not None and home != "" and (Path(home) / ".ray" / "auth_token").is_file()
+
+
+def write_token(path: Path) -> Path:
+    """A new random token (64 hex digits, as ``ray get-auth-token --generate`` makes) at
+    ``path``, created with mode 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
 class _EarlyExit(Exception):
-    """``ray start`` exited before the head was up (typically: a port got taken)."""
+    """``ray start`` exited before the head was up; ``port_clash`` when a port got taken."""
+
+    def __init__(self, reason: str, *, port_clash: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.port_clash = port_clash
+
+
+_PORT_CLASH = re.compile(r"already (?:occupied|in use)|failed to bind|EADDRINUSE|address in use",
+                         re.IGNORECASE)
+_AUTH = re.compile(r"AuthenticationError|authentication token|auth_token", re.IGNORECASE)
+
+
+def explain_exit(log: str, *, log_path: Path) -> _EarlyExit:
+    """Why ``ray start`` exited early, from its log: one line with the fix."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    if any(_AUTH.search(ln) for ln in lines):
+        return _EarlyExit(
+            "ray start refused to start: token authentication is on (RAY_AUTH_MODE=token) but "
+            "the token it was given cannot be read. Fix: point RAY_AUTH_TOKEN_PATH at a readable "
+            "file holding the token, set RAY_AUTH_TOKEN, or unset both (and remove a broken "
+            f"~/.ray/auth_token) to let the head make its own; log: {log_path}",
+            port_clash=False)
+    clash = next((ln for ln in lines if _PORT_CLASH.search(ln)), None)
+    if clash is not None:
+        return _EarlyExit(f"ray start could not bind a port ({clash[:200]}); log: {log_path}",
+                          port_clash=True)
+    errors = [ln for ln in lines if re.search(r"error|exception|failed", ln, re.IGNORECASE)]
+    last = (errors or lines or ["(empty log)"])[-1]
+    return _EarlyExit(f"ray start exited before the head was up: {last[:300]}. Fix what it "
+                      f"names, or see the whole log: {log_path}", port_clash=False)
 
 
 class _RayProcess:
@@ -95,47 +155,73 @@ class LocalRayHead(_RayProcess):
     """``ray start --head --block`` on this machine; ``address`` (GCS) and ``dashboard_url``
     (for ``ray job submit --address``) once started."""
 
-    def __init__(self, *, num_cpus: int, env: Mapping[str, str] | None = None,
-                 log_path: Path | None = None) -> None:
+    def __init__(self, *, num_cpus: int, env: Mapping[str, str | None] | None = None,
+                 log_path: Path | None = None, node_ip: str = "127.0.0.1") -> None:
         self.num_cpus = num_cpus
+        self.node_ip = node_ip
         self.env = project_env(env)
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rh_", dir="/tmp"))  # short: unix socket paths
         self.log_path = log_path or self.temp_dir / "head.log"
         self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
         self._proc: subprocess.Popen[bytes] | None = None
+        if node_ip in ("127.0.0.1", "::1", "localhost"):
+            # Ray 2.60 replaces a loopback node address by the machine's unless this is 0
+            # (then every listener stays on loopback; nodes from other machines cannot join).
+            self.env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        self.token_path: Path | None = None  # the head's own token, when the user has none
+        if not has_user_token(self.env):
+            self.token_path = write_token(self.temp_dir / "auth_token")
+            self.env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
+
+    @property
+    def auth_env(self) -> dict[str, str]:
+        """What a process needs to talk to this head: token auth on and where the token is."""
+        keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+        return {k: self.env[k] for k in keys if k in self.env}
+
+    def usage_line(self) -> str:
+        """The one line a user pastes into another shell to use this head by hand (the token
+        itself is never printed: only where it is)."""
+        exports = " ".join(f"{k}={v}" for k, v in self.auth_env.items())
+        return (f"export {exports} RAY_ADDRESS={self.dashboard_url}  # then: ray job submit -- ..., "
+                f"ray status --address {self.address}")
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.ports['--port']}"
+        return f"{self.node_ip}:{self.ports['--port']}"
 
     @property
     def dashboard_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['--dashboard-port']}"
+        return f"http://{self.node_ip}:{self.ports['--dashboard-port']}"
 
     def start(self, timeout_s: float = 120.0, *, tries: int = 3) -> LocalRayHead:
-        """Start it; a port taken between choosing and binding (``ray start`` exits at once)
-        gets new ports, up to ``tries`` times."""
+        """Start it. Only a port taken between choosing and binding is retried (on new ports,
+        up to ``tries`` times); any other early exit raises at once with its cause and fix."""
         for attempt in range(1, tries + 1):
             try:
                 return self._start_once(timeout_s)
-            except _EarlyExit:
-                self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
-                if attempt == tries:
+            except _EarlyExit as e:
+                if not e.port_clash or attempt == tries:
                     self.stop()
-                    raise RuntimeError(f"ray start failed {tries} times; see {self.log_path}") from None
+                    raise RuntimeError(e.reason) from None
+                self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
         raise AssertionError("unreachable")
 
+    def command(self) -> list[str]:
+        """The ``ray start --head`` command line this head runs."""
+        return [self.ray, "start", "--head", "--block", "--disable-usage-stats",
+                f"--num-cpus={self.num_cpus}", f"--node-ip-address={self.node_ip}",
+                "--include-dashboard=true", f"--dashboard-host={self.node_ip}",
+                f"--temp-dir={self.temp_dir}",
+                *(f"{flag}={port}" for flag, port in self.ports.items())]
+
     def _start_once(self, timeout_s: float) -> LocalRayHead:
-        cmd = [self.ray, "start", "--head", "--block", "--disable-usage-stats",
-               f"--num-cpus={self.num_cpus}", "--include-dashboard=true",
-               "--dashboard-host=127.0.0.1", f"--temp-dir={self.temp_dir}",
-               *(f"{flag}={port}" for flag, port in self.ports.items())]
-        self._proc = self._launch(cmd)
+        self._proc = self._launch(self.command())
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 self._proc = None
-                raise _EarlyExit
+                raise explain_exit(self.log_path.read_text(errors="replace"), log_path=self.log_path)
             if self._dashboard_up():
                 return self
             time.sleep(1.0)
@@ -208,12 +294,12 @@ class LocalRayWorker(_RayProcess):
 
     def __init__(self, head_address: str, *, num_cpus: int, node_ip: str = "127.0.0.1",
                  resources: Mapping[str, float] | None = None,
-                 env: Mapping[str, str] | None = None, log_path: Path | None = None) -> None:
+                 env: Mapping[str, str | None] | None = None, log_path: Path | None = None) -> None:
         self.head_address = head_address
         self.num_cpus = num_cpus
         self.node_ip = node_ip
         self.resources = dict(resources or {})
-        self.env = project_env(env)
+        self.env = project_env({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": None, **(env or {})})
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rw_", dir="/tmp"))
         self.log_path = log_path or self.temp_dir / "worker.log"
         self._proc: subprocess.Popen[bytes] | None = None

@@ -12,9 +12,11 @@ nothing listens (``ray.init`` would retry for a minute, then raise a bare Connec
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -22,6 +24,34 @@ from reward_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
+# Ray 2.60 turns a node address of 127.0.0.1 into the machine's address (``ray start`` and
+# ``ray.init`` alike: ``services.resolve_ip_for_localhost``), so gcs_server, raylet, the agents
+# and every worker listen beyond loopback. With this variable at 0 (meant for Windows/macOS,
+# where Ray runs single-node) Ray keeps loopback as the node address and every listener with it;
+# a node can then not join from another machine (``ray start --address`` refuses to run).
+SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def keep_local_ray_on_loopback(*, local_node_ip: str) -> bool:
+    """Make a Ray that this process is about to start listen on loopback only, when its node
+    address is loopback: sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (unless the user set it)
+    before ``ray`` is imported (Ray reads it once, at import). False when that is too late or
+    the address is not loopback; the embedded Ray then listens on the machine's address, with
+    token auth as the guard."""
+    if not is_loopback(local_node_ip):
+        return False
+    if "ray" in sys.modules:
+        logger.debug("ray already imported: its listeners follow %s as set at import", SINGLE_NODE_ENV)
+        return os.environ.get(SINGLE_NODE_ENV) == "0"
+    os.environ.setdefault(SINGLE_NODE_ENV, "0")
+    return os.environ[SINGLE_NODE_ENV] == "0"
 
 
 def auth_fix(address: str, detail: str) -> str:

@@ -122,10 +122,12 @@ class RaySettings(BaseModel):
         "with that fix)."
     )
     local_node_ip: str = Field(
-        "127.0.0.1", description="Embedded local Ray only: the node address it advertises, so "
-        "its processes talk over loopback only. Ray 2.60 offers no option to restrict the "
-        "interfaces its core processes listen on; token auth (on by default) refuses peers "
-        "without the token. Set the machine's address to let other nodes join."
+        "127.0.0.1", description="Embedded local Ray only: the node address it advertises. "
+        "A loopback address keeps every Ray listener (GCS, raylet, agents, workers, metrics) on "
+        "loopback: `reward-server serve` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is "
+        "imported, without which Ray 2.60 replaces 127.0.0.1 by the machine's address. Set the "
+        "machine's address to let other nodes join (then Ray listens on all interfaces and its "
+        "token auth, on by default, is the guard)."
     )
     node_temp_dir: str | None = Field(
         None, description="Joining only: attach this process to the Ray node on this host "

@@ -1,7 +1,10 @@
 """The README's training path: `ray job submit --working-dir . -- python trainer/run.py ...` on a
 Ray head started from the project's environment (trainer.ray_head: `ray start --head`, token
-auth, loopback dashboard), against a real reward server; and a job whose `python` lacks the
-project's packages failing at once with the fix."""
+auth, loopback node and dashboard), against a real reward server; and a job whose `python` lacks
+the project's packages failing at once with the fix.
+
+The head runs as on a new machine: ``HOME`` an empty folder and no ``RAY_AUTH_*`` variables, so
+it makes its own token and hands it to every process started with its environment."""
 
 from __future__ import annotations
 
@@ -20,11 +23,45 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+NEW_MACHINE = {"RAY_AUTH_TOKEN": None, "RAY_AUTH_TOKEN_PATH": None, "RAY_ADDRESS": None}
+
+
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A head on a new machine: an empty HOME (no ~/.ray/auth_token), no RAY_AUTH_* variables."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**NEW_MACHINE, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+           "XDG_CONFIG_HOME": str(home / ".config")}
     log = tmp_path_factory.mktemp("ray_head") / "head.log"
-    with LocalRayHead(num_cpus=2, log_path=log) as head:
+    with LocalRayHead(num_cpus=2, log_path=log, env=env) as head:
         yield head
+
+
+def test_a_new_machine_head_makes_its_own_token_and_a_job_submit_reaches_it(
+    ray_head, listeners_of, loopback
+) -> None:
+    """Today's failure on a new machine: `ray start --head` with token auth and no token. The
+    head (GCS, raylet, dashboard, agents, the job's workers) listens on loopback only."""
+    token = ray_head.token_path
+    assert token is not None and token.parent == ray_head.temp_dir
+    assert token.stat().st_mode & 0o777 == 0o600
+    secret = token.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret)
+    assert not (Path(ray_head.env["HOME"]) / ".ray").exists()  # nothing written to the home
+    job = ray_head.submit(
+        ["python", "-c", "import ray; ray.init(); print('cpus', ray.cluster_resources()['CPU'])"],
+        working_dir=ROOT / "trainer" / "config", timeout_s=240)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out[-4000:]
+    assert "cpus 2.0" in out
+    assert ray_head._proc is not None
+    found = listeners_of(ray_head._proc.pid)
+    assert {"gcs_server", "raylet"} <= {name for _, name, _, _ in found}, found
+    assert [x for x in found if not loopback(x[2])] == []
+    assert secret not in out and secret not in ray_head.log_path.read_text(errors="replace")
+    line = ray_head.usage_line()
+    assert "RAY_AUTH_MODE=token" in line and f"RAY_AUTH_TOKEN_PATH={token}" in line
+    assert secret not in line
 
 
 def test_ray_job_submit_trains_one_step_and_leaves_its_outputs(
@@ -78,7 +115,8 @@ def test_joining_the_cluster_without_its_token_fails_in_seconds_with_the_fix(ray
     import subprocess
     import sys
 
-    env = {k: v for k, v in ray_head.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    env = {k: v for k, v in ray_head.env.items()
+           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
     env.update({k: v for k, v in auth.items() if v is not None})
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "reward_server", "serve", "--fake",

@@ -27,7 +27,7 @@ from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayN
 from reward_server.serving._private.deployments import JudgeDeployment, NLIDeployment
 from reward_server.serving.batching import BatchedJudge, BatchedNLI
 from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory
-from reward_server.serving.ray_cluster import check_cluster
+from reward_server.serving.ray_cluster import SINGLE_NODE_ENV, check_cluster, is_loopback
 from reward_server.serving.settings import RaySettings
 
 logger = logging.getLogger(__name__)
@@ -249,6 +249,13 @@ def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
         log_to_driver=settings.log_to_driver,
         _node_ip_address=settings.local_node_ip,
     )
+    node_ip = ray.util.get_node_ip_address()
+    if is_loopback(settings.local_node_ip) and not is_loopback(node_ip):
+        logger.warning(
+            "the embedded Ray advertises %s, not %s: its processes listen on the machine's "
+            "interfaces, guarded by Ray's token auth. Ray keeps loopback only with %s=0 set "
+            "before ray is imported (`reward-server serve` sets it)", node_ip,
+            settings.local_node_ip, SINGLE_NODE_ENV)
     return True, False
 
 
