@@ -291,18 +291,40 @@ def verl_overrides(n_gpus: int) -> list[str]:
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"]
 
 
+# trainer/run.py's main for each preset in one process (verl's imports are paid once), its YAML
+# output dropped; "@@ <preset> <rc>" on stderr ends each preset's messages
+VERL_CHECK = """
+import contextlib, io, sys
+from trainer import run
+for preset in sys.argv[1].split(","):
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = run.main(["--engine", "verl", "--preset", preset, "--check-config", *sys.argv[2:]])
+    print(f"@@ {preset} {rc}", file=sys.stderr, flush=True)
+"""
+
+
 def verl_config_check(n_gpus: int, *, timeout_s: float = 120.0) -> dict[str, Any]:
     """``trainer/run.py --engine verl --preset P --check-config`` for each preset at ``n_gpus``."""
     if importlib.util.find_spec("verl") is None:
         return {"skipped": True, "reason": "verl is not installed here (pip install -e .[train])"}
     overrides = verl_overrides(n_gpus)
+    cmd = [sys.executable, "-c", VERL_CHECK, ",".join(VERL_PRESETS), *overrides]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"skipped": True, "reason": f"--check-config did not finish in {timeout_s:.0f} s"}
     out: dict[str, Any] = {"n_gpus": n_gpus, "overrides": overrides, "presets": {}}
-    for preset in VERL_PRESETS:
-        cmd = [sys.executable, "trainer/run.py", "--engine", "verl", "--preset", preset, "--check-config",
-               *overrides]  # fmt: skip
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(("error:", "  - ", "verl config"))]
-        out["presets"][preset] = {"rc": proc.returncode, "messages": lines or proc.stderr.splitlines()[-5:]}
+    lines: list[str] = []
+    for line in proc.stderr.splitlines():
+        if line.startswith("@@ "):
+            _, preset, rc = line.split()
+            out["presets"][preset] = {"rc": int(rc), "messages": lines}
+            lines = []
+        elif line.startswith(("error:", "  - ", "verl config")):
+            lines.append(line)
+    if set(out["presets"]) != set(VERL_PRESETS):
+        return {"error": f"--check-config exited {proc.returncode}: {proc.stderr[-1500:]}", **out}
     out["ok"] = all(p["rc"] == 0 for p in out["presets"].values())
     return out
 
@@ -311,7 +333,7 @@ def step_verl(ctx: Context) -> dict[str, Any]:
     import torch
 
     n_gpus = torch.cuda.device_count() if ctx.device.startswith("cuda") else 0
-    return verl_config_check(n_gpus, timeout_s=min(120.0, max(30.0, ctx.left() / 2)))
+    return verl_config_check(n_gpus, timeout_s=max(30.0, ctx.left() - 10))
 
 
 STEPS: list[tuple[str, Callable[[Context], dict[str, Any]], float]] = [
