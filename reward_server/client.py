@@ -34,6 +34,7 @@ DEADLINE_EXCEEDED.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import threading
@@ -85,6 +86,13 @@ class RewardCallError(RewardServerError):
         self.details = details
         self.attempts = attempts
         super().__init__(f"{method} failed with {code.name}: {details}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle rebuilds an exception as ``type(e)(*e.args)`` (args: the message alone), which
+        # this constructor refuses; Ray pickles a remote task's exception, so rebuild from the
+        # fields (``__dict__`` restores them and any notes)
+        return (functools.partial(type(self), attempts=self.attempts),
+                (self.method, self.code, self.details), self.__dict__)
 
 
 class AsyncRewardClient:

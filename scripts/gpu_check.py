@@ -11,7 +11,11 @@ downloaded. Steps, each bounded so that the whole run ends inside --budget-s:
 4. end-to-end: Score through a real in-process server (reward_server.app.start_app, gRPC on
    127.0.0.1) on those GPU engines: parl_reward items sent as GRPO groups (one call of R
    rollouts per user, users concurrent) and nli_constraints items, items/s;
-5. TRL: 2 GRPO steps on CUDA, only where trl and its needs are installed (else reported skipped).
+5. TRL: 2 GRPO steps on CUDA, only where trl and its needs are installed (else reported skipped);
+6. verl: both verl presets through ``trainer/run.py --check-config`` (our checks and verl's) for
+   the GPUs this machine has (``trainer.n_gpus_per_node`` = the CUDA device count, rollout tensor
+   parallel 1 when that count is odd; the presets as shipped, 8 GPUs, without CUDA), reporting
+   each refusal's message; skipped where verl is not installed.
 
 Without CUDA (or with --mode cpu) the same steps run on small shapes (tiny Qwen3, DeBERTa-v3
 small, a few pairs), so that the kit itself is tested on any machine. Results go to
@@ -275,9 +279,66 @@ def step_trl(ctx: Context) -> dict[str, Any]:
     return {"skipped": True, "reason": "trl is installed but the kit has no TRL step yet; run trainer/ tests"}
 
 
+VERL_PRESETS = ("rubric_generator", "personalized_generator")
+
+
+def verl_overrides(n_gpus: int) -> list[str]:
+    """The Hydra overrides that fit the presets to ``n_gpus`` GPUs on one node (0: as shipped)."""
+    if n_gpus <= 0:
+        return []
+    tp = 2 if n_gpus % 2 == 0 else 1  # the presets' rollout TP 2 needs an even count
+    return [f"trainer.n_gpus_per_node={n_gpus}", "trainer.nnodes=1",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"]
+
+
+# trainer/run.py's main for each preset in one process (verl's imports are paid once), its YAML
+# output dropped; "@@ <preset> <rc>" on stderr ends each preset's messages
+VERL_CHECK = """
+import contextlib, io, sys
+from trainer import run
+for preset in sys.argv[1].split(","):
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = run.main(["--engine", "verl", "--preset", preset, "--check-config", *sys.argv[2:]])
+    print(f"@@ {preset} {rc}", file=sys.stderr, flush=True)
+"""
+
+
+def verl_config_check(n_gpus: int, *, timeout_s: float = 120.0) -> dict[str, Any]:
+    """``trainer/run.py --engine verl --preset P --check-config`` for each preset at ``n_gpus``."""
+    if importlib.util.find_spec("verl") is None:
+        return {"skipped": True, "reason": "verl is not installed here (pip install -e .[train])"}
+    overrides = verl_overrides(n_gpus)
+    cmd = [sys.executable, "-c", VERL_CHECK, ",".join(VERL_PRESETS), *overrides]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"skipped": True, "reason": f"--check-config did not finish in {timeout_s:.0f} s"}
+    out: dict[str, Any] = {"n_gpus": n_gpus, "overrides": overrides, "presets": {}}
+    lines: list[str] = []
+    for line in proc.stderr.splitlines():
+        if line.startswith("@@ "):
+            _, preset, rc = line.split()
+            out["presets"][preset] = {"rc": int(rc), "messages": lines}
+            lines = []
+        elif line.startswith(("error:", "  - ", "verl config")):
+            lines.append(line)
+    if set(out["presets"]) != set(VERL_PRESETS):
+        return {"error": f"--check-config exited {proc.returncode}: {proc.stderr[-1500:]}", **out}
+    out["ok"] = all(p["rc"] == 0 for p in out["presets"].values())
+    return out
+
+
+def step_verl(ctx: Context) -> dict[str, Any]:
+    import torch
+
+    n_gpus = torch.cuda.device_count() if ctx.device.startswith("cuda") else 0
+    return verl_config_check(n_gpus, timeout_s=max(30.0, ctx.left() - 10))
+
+
 STEPS: list[tuple[str, Callable[[Context], dict[str, Any]], float]] = [
     ("pytest", step_pytest, 60), ("nli", step_nli, 60), ("judge", step_judge, 120),
-    ("e2e", step_e2e, 45), ("trl", step_trl, 1),
+    ("e2e", step_e2e, 45), ("trl", step_trl, 1), ("verl", step_verl, 60),
 ]  # fmt: skip
 
 
@@ -318,6 +379,10 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{p['items_s']:.2f} items/s ({p['items']} items, {p['ok']} ok, {p['policy_invalid']} "
                 f"policy-invalid, {p['wall_s']:.2f} s, {p['judge_tokens']} judge tokens prefilled)")
             row(name, "nli_constraints, 1 call", f"{n['items_s']:.1f} items/s ({n['items']} items, {n['ok']} ok)")
+        elif name == "verl":
+            for preset, p in s["presets"].items():
+                verdict = "valid" if p["rc"] == 0 else "refused: " + " ".join(p["messages"])[:600]
+                row(name, f"--check-config {preset}, {s['n_gpus'] or 'preset'} GPUs", verdict)
         row(name, "step wall", f"{s.get('step_s', 0):.1f} s")  # fmt: skip
     lines.append(f"\ntotal {res.get('total_s', 0):.0f} s")
     return "\n".join(lines) + "\n"

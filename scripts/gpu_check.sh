@@ -3,10 +3,12 @@
 # scripts/gpu_kit/download.sh, carry .gpu-kit to the GPU machine, then run from the repo root:
 #   scripts/gpu_check.sh                 # CUDA when torch sees it, else the small CPU fallback
 #   scripts/gpu_check.sh --mode cpu      # force the CPU fallback (what CI-less checks run here)
-# Writes gpu_check.json, gpu_check.md (the table), pytest.xml and gpu_check.log to $OUT (default
-# ./gpu-check-out). Where pydantic, grpc health/reflection, pytest-asyncio or a new enough
-# grpcio is missing, installs .gpu-kit/wheels with --no-deps into a private folder first. The
-# whole run is bounded by GPU_CHECK_TIMEOUT seconds (default 470: inside 8 minutes).
+# Its last step runs both verl presets' `trainer/run.py --check-config` for the GPU count found
+# (where verl is installed). Writes gpu_check.json, gpu_check.md (the table), pytest.xml and
+# gpu_check.log to $OUT (default ./gpu-check-out). Where pydantic, grpc health/reflection,
+# pytest-asyncio or a new enough grpcio is missing, installs .gpu-kit/wheels with --no-deps into
+# a private folder first. The whole run is bounded by GPU_CHECK_TIMEOUT seconds (default 470:
+# inside 8 minutes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"

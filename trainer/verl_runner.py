@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_server.errors import ConfigError
+from trainer import verl_checks
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,9 @@ def unknown_overlay_keys(preset: str, config_dir: Path = CONFIG_DIR) -> list[str
 
 
 def problems(config: Any, preset: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """What our checks find wrong with a composed config (empty: fine)."""
+    """What our checks find wrong with a composed config (empty: fine): overlay keys, the
+    estimator, reward kwargs and sampler here; token budgets, batch arithmetic, loggers and the
+    validation split in :mod:`trainer.verl_checks`."""
     from verl.trainer.ppo import core_algos
 
     import reward_server.integrations.verl as reward  # registers grpo_masked
@@ -135,7 +138,7 @@ def problems(config: Any, preset: str, config_dir: Path = CONFIG_DIR) -> list[st
         if groups is not None and groups.get("enable", False):
             out.append("algorithm.filter_groups (DAPO) is not supported with our replay buffer "
                        f"({SAMPLER_MODULE}); unset trainer.v1.sampler.custom_sampler.path")
-    return out
+    return out + verl_checks.consistency_problems(config)
 
 
 def validate(config: Any) -> None:

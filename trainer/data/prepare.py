@@ -21,8 +21,11 @@ Writes, per ``--format`` (default: verl and trl):
   --data.input_key input --data.label_key label --data.apply_chat_template
   --reward.remote_url http://HOST:PORT/openrlhf/reward`` (docs/http.md).
 
-``--val-size N`` holds out the last N users (per source); with 0 the val files repeat up to 8
-training rows (verl always loads a val set) and a warning says so.
+``--val-size N`` (default 1) holds out the last N users of each source: the val files hold
+only users the policy never trains on, so verl's validation (on in the presets) measures
+generalisation to new users. ``--val-size 0`` writes no val files (then point
+``data.val_files`` at a held-out split, or turn validation off: ``trainer.test_freq=-1
+trainer.val_before_train=false``); a val split never repeats training rows.
 """
 
 from __future__ import annotations
@@ -90,13 +93,41 @@ def attach(
     return out
 
 
+def sample_groups(*, history_limit: int = 10) -> list[list[UserRecord]]:
+    """The shipped sample's users, one list per source, with baselines, rules and constraints
+    attached."""
+    return [attach(LOADERS[fmt](SAMPLE_DIR / name, history_limit=history_limit),
+                   baselines=SAMPLE_DIR / "baselines.jsonl", rules=SAMPLE_DIR / "rules.jsonl",
+                   constraints=SAMPLE_DIR / "constraints.jsonl")
+            for fmt, name in SAMPLE_SOURCES.items()]
+
+
 def sample_records(*, history_limit: int = 10) -> list[UserRecord]:
     """Every user of the shipped sample, with baselines, rules and constraints attached."""
-    records: list[UserRecord] = []
-    for fmt, name in SAMPLE_SOURCES.items():
-        records += LOADERS[fmt](SAMPLE_DIR / name, history_limit=history_limit)
-    return attach(records, baselines=SAMPLE_DIR / "baselines.jsonl",
-                  rules=SAMPLE_DIR / "rules.jsonl", constraints=SAMPLE_DIR / "constraints.jsonl")
+    return [r for g in sample_groups(history_limit=history_limit) for r in g]
+
+
+def split(groups: Sequence[Sequence[UserRecord]], val_size: int) -> tuple[list[UserRecord], list[UserRecord]]:
+    """(train, val): the last ``val_size`` users of each source held out, never in both."""
+    if val_size < 0:
+        raise ValueError(f"--val-size {val_size}: give a number of users >= 0")
+    train: list[UserRecord] = []
+    val: list[UserRecord] = []
+    for g in groups:
+        if val_size and len(g) <= val_size:
+            where = g[0].task.value if g else "?"
+            raise ValueError(f"--val-size {val_size} holds out every user of a source "
+                             f"({where}: {len(g)} users), leaving none of it to train on; lower "
+                             "it (0: no val split)")
+        cut = len(g) - val_size
+        train += g[:cut]
+        val += g[cut:]
+    overlap = sorted({(r.task.value, r.user_id) for r in val} & {(r.task.value, r.user_id) for r in train})
+    if overlap:
+        raise ValueError(f"users {overlap[:5]} have records both in the held-out last {val_size} "
+                         "of a source and earlier: the val split would repeat training users; "
+                         "give each user one record")
+    return train, val
 
 
 def build_rows(records: Sequence[UserRecord], task: str, **opts: Any) -> list[dict[str, Any]]:
@@ -138,6 +169,7 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 FORMATS = ("verl", "trl", "openrlhf")
+VAL_FILES = ("val.parquet", "trl_val.parquet", "openrlhf_val.jsonl")
 
 
 def write_all(
@@ -146,16 +178,21 @@ def write_all(
     out: Path,
     formats: Sequence[str] = ("verl", "trl"),
 ) -> None:
-    val = list(val) or list(rows[:8])
+    """Train files, and val files when ``val`` has rows (none are written without)."""
+    for name in VAL_FILES:  # a val file left by an earlier run would pair with the wrong train
+        (out / name).unlink(missing_ok=True)
     if "verl" in formats:
         write_parquet(rows, out / "train.parquet")
-        write_parquet(val, out / "val.parquet")
+        if val:
+            write_parquet(val, out / "val.parquet")
     if "trl" in formats:
         write_parquet(to_trl(rows), out / "trl_train.parquet")
-        write_parquet(to_trl(val), out / "trl_val.parquet")
+        if val:
+            write_parquet(to_trl(val), out / "trl_val.parquet")
     if "openrlhf" in formats:
         write_jsonl(to_openrlhf(rows), out / "openrlhf_train.jsonl")
-        write_jsonl(to_openrlhf(val), out / "openrlhf_val.jsonl")
+        if val:
+            write_jsonl(to_openrlhf(val), out / "openrlhf_val.jsonl")
 
 
 def _weights(text: str | None) -> dict[str, float] | None:
@@ -183,7 +220,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="rubric_score=0.5,nli_constraints=0.5 (weighted kind)")
     p.add_argument("--aggregate", choices=[a.value for a in RubricAggregate])
     p.add_argument("--history-limit", type=int, default=10)
-    p.add_argument("--val-size", type=int, default=0, help="last N users of each source")
+    p.add_argument("--val-size", type=int, default=1,
+                   help="hold out the last N users of each source as the val split (default 1; "
+                        "0: no val files)")
     p.add_argument("--format", action="append", choices=FORMATS, dest="formats",
                    help="files to write (repeat for several; default: verl and trl)")
     p.add_argument("--out", type=Path, required=True)
@@ -196,38 +235,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         groups: list[list[UserRecord]] = []
         if args.sample:
-            groups.append(sample_records(history_limit=args.history_limit))
+            groups += sample_groups(history_limit=args.history_limit)
         for spec in args.source:
             groups.append(attach(load_source(spec, history_limit=args.history_limit),
                                  baselines=args.baselines, rules=args.rules,
                                  constraints=args.constraints))
         if not groups:
             raise ValueError("no data: pass --sample or at least one --source FORMAT=PATH")
-        train, val = [], []
-        for g in groups:
-            cut = len(g) - args.val_size if args.val_size else len(g)
-            train += g[:cut]
-            val += g[cut:]
+        train, val = split(groups, args.val_size)
         opts: dict[str, Any] = {
             "variant": ParlVariant(args.variant), "reward_kind": args.reward_kind,
             "weights": _weights(args.weights), "history_limit": args.history_limit,
             "aggregate": RubricAggregate(args.aggregate) if args.aggregate else None,
         }
         rows, val_rows = build_rows(train, args.task, **opts), build_rows(val, args.task, **opts)
-        if not rows:
-            raise ValueError(f"--val-size {args.val_size} holds out every user: no training "
-                             "rows are left; lower it")
         if not val_rows:
-            logger.warning("the val split repeats the first %d training rows (--val-size 0): "
-                           "its scores measure training data, not held-out users; pass "
-                           "--val-size N to hold out the last N users of each source",
-                           min(8, len(rows)))
+            logger.warning("no val split (--val-size 0): no val files written. The verl presets "
+                           "validate: set data.val_files to a held-out split, or turn validation "
+                           "off (trainer.test_freq=-1 trainer.val_before_train=false)")
         write_all(rows, val_rows, args.out, args.formats or ("verl", "trl"))
     except (DataFormatError, ValueError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
-    logger.info("wrote %d train / %d val rows for %s to %s", len(rows), len(val_rows) or
-                min(8, len(rows)), args.task, args.out)
+    logger.info("wrote %d train / %d val rows (%d held-out users) for %s to %s", len(rows),
+                len(val_rows), len({r["extra_info"]["user_id"] for r in val_rows}), args.task,
+                args.out)
     return 0
 
 

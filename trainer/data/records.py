@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reward_server.domain import HistoryItem, Task
 
@@ -23,6 +24,10 @@ class DataFormatError(ValueError):
         self.line = line
         self.field = field_name
         self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle (multiprocessing, Ray) rebuilds an exception from its args, the message alone
+        return (type(self), (self.path, self.line, self.field, self.problem), self.__dict__)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ def probe(tmp_path_factory, reward_server, smollm2_path) -> dict[str, Any]:
                          for i, info in enumerate(infos)]
     payload = {"overrides": [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.n=3",
                              "data.train_batch_size=2", "trainer.n_gpus_per_node=1",
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
                              "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
                              "algorithm.adv_estimator=grpo_masked",

@@ -9,7 +9,15 @@ import pytest
 
 from reward_server.domain import ParlVariant, Task
 from trainer.data import loaders
-from trainer.data.prepare import SAMPLE_DIR, build_rows, main, sample_records, to_trl
+from trainer.data.prepare import (
+    SAMPLE_DIR,
+    build_rows,
+    main,
+    sample_groups,
+    sample_records,
+    split,
+    to_trl,
+)
 from trainer.data.records import DataFormatError
 
 
@@ -108,7 +116,8 @@ def test_parl_rows_have_verls_schema_and_round_trip(tmp_path: Path) -> None:
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "train.parquet"))["train"]
     assert set(ds.column_names) == {"data_source", "prompt", "ability", "reward_model",
                                     "extra_info"}
-    rows = build_rows(sample_records(), "rubric_generator", variant=ParlVariant.PARL_B)
+    train, _ = split(sample_groups(), 1)  # the default held-out split: 1 user per source
+    rows = build_rows(train, "rubric_generator", variant=ParlVariant.PARL_B)
     for got, want in zip(ds, rows, strict=True):
         assert got["prompt"] == want["prompt"]
         assert got["reward_model"] == {"style": "model", "ground_truth": want["reward_model"][
@@ -163,15 +172,57 @@ def test_openrlhf_jsonl_loads_as_openrlhf_loads_it(tmp_path: Path) -> None:
     assert label["rubric_score"]["text"] == ""  # the response comes from OpenRLHF's query
 
 
-def test_val_equal_to_train_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def read_users(path: Path) -> list[tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    return [(e["task"], e["user_id"]) for e in pq.read_table(path).column("extra_info").to_pylist()]
+
+
+def test_val_holds_out_the_last_user_of_each_source_by_default(tmp_path: Path) -> None:
     assert main(["--sample", "--task", "rubric_generator", "--out", str(tmp_path)]) == 0
-    assert "val split repeats the first 8 training rows" in caplog.text
-    caplog.clear()
-    assert main(["--sample", "--task", "rubric_generator", "--val-size", "1",
+    train, val = read_users(tmp_path / "train.parquet"), read_users(tmp_path / "val.parquet")
+    groups = sample_groups()
+    assert val == [(g[-1].task.value, g[-1].user_id) for g in groups]  # one per source
+    assert train == [(r.task.value, r.user_id) for g in groups for r in g[:-1]]
+    assert not set(train) & set(val)
+    trl_val = read_trl_users(tmp_path / "trl_val.parquet")
+    assert trl_val == val
+
+
+def read_trl_users(path: Path) -> list[tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    extras = [json.loads(e) for e in pq.read_table(path).column("extra_info_json").to_pylist()]
+    return [(e["task"], e["user_id"]) for e in extras]
+
+
+def test_val_size_zero_writes_no_val_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert main(["--sample", "--task", "rubric_generator", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "val.parquet").is_file()
+    assert main(["--sample", "--task", "rubric_generator", "--val-size", "0",
                  "--out", str(tmp_path)]) == 0
-    assert "repeats" not in caplog.text
-    assert main(["--sample", "--task", "rubric_generator", "--val-size", "9",
-                 "--out", str(tmp_path)]) == 2  # nothing left to train on
+    assert len(read_users(tmp_path / "train.parquet")) == 9
+    # the earlier run's val files are gone: they would pair with the wrong training rows
+    assert not (tmp_path / "val.parquet").exists() and not (tmp_path / "trl_val.parquet").exists()
+    assert "no val split (--val-size 0)" in caplog.text and "trainer.test_freq=-1" in caplog.text
+
+
+@pytest.mark.parametrize(("size", "why"), [
+    ("3", "holds out every user of a source (amazon: 3 users)"),
+    ("-1", "give a number of users >= 0"),
+])
+def test_a_val_size_that_leaves_a_source_nothing_to_train_on_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], size: str, why: str
+) -> None:
+    assert main(["--sample", "--task", "rubric_generator", "--val-size", size,
+                 "--out", str(tmp_path)]) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_a_user_in_both_splits_is_refused() -> None:
+    (amazon, *_) = sample_groups()
+    with pytest.raises(ValueError, match="have records both in the held-out last 1"):
+        split([[*amazon, amazon[0]]], 1)
 
 
 def test_progress_counts_records() -> None:
