@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from reward_server.backends.fake import FakeJudge, text_and_rule
 from reward_server.domain import HistoryItem, RubricAggregate, RubricScoreSpec, Task
 from reward_server.rubric import RubricSettings, induce_rubrics, score_rubric, template_versions
+from reward_server.rubric.settings import TEMPLATE_VERSIONS, TemplateVersion
 from reward_server.rubric.templates import generator_request, judge_prompt
 
 RA = 'The text uses the word "alpha".'
@@ -50,27 +51,47 @@ async def test_threshold_setting_applies() -> None:
     assert out.reward == 1.0
 
 
-def test_judge_prompt_text_before_rule_and_prefix_shared() -> None:
-    a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS)
-    b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS)
+@pytest.mark.parametrize("template", TEMPLATE_VERSIONS)
+def test_judge_prompt_text_before_rule_and_prefix_shared(template: TemplateVersion) -> None:
+    a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS, template=template)
+    b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS, template=template)
     assert a.system == b.system and a.prefix == b.prefix and a.suffix != b.suffix
-    # the suffix is the rule alone: the question and headings are shared in the prefix
-    assert a.suffix == RA and a.prefix.endswith("## Rubric rule\n")
-    assert a.prefix.index("Rain again") < a.prefix.index("yes or no")
-    assert "Article" in a.prefix and "Headline" in a.prefix
+    assert a.suffix.startswith(RA) or (template == "parl-v1" and RA in a.suffix)
     assert text_and_rule(a) == ("Rain again", RA)  # what the fake judge reads back
-    assert "yes or no" in a.system
+    assert "yes or no" in a.system.replace("`", "")
     for task in Task:
-        assert judge_prompt("c", "t", RA, task).prefix.index("c") < judge_prompt("c", "t", RA, task).prefix.rindex("t")
+        p = judge_prompt("c", "t", RA, task, template=template)
+        assert p.prefix.index("c") < p.prefix.rindex("t") and text_and_rule(p) == ("t", RA)
+
+
+def test_judge_prompt_layouts() -> None:
+    ctx, text = "An article about rain.", "Rain again"
+    rel = judge_prompt(ctx, text, RA, Task.NEWS)  # default: the released layout, rule block last
+    assert rel.prefix.endswith("<Personalized Evaluation Rubric>\n")
+    assert rel.suffix == RA + "\n</Personalized Evaluation Rubric>\n"
+    assert rel.prefix.index(ctx) < rel.prefix.index(text) and "`yes` or `no`" in rel.system
+    v2 = judge_prompt(ctx, text, RA, Task.NEWS, template="parl-v2")  # question, then the rule alone
+    assert v2.suffix == RA and v2.prefix.endswith("## Rubric rule\n")
+    assert v2.prefix.index(text) < v2.prefix.index("yes or no")
+    v1 = judge_prompt(ctx, text, RA, Task.NEWS, template="parl-v1")  # rule, then the question
+    assert v1.prefix.endswith(text) and v1.suffix.index(RA) < v1.suffix.index("yes or no")
 
 
 def test_generator_prompt_and_versions() -> None:
     s = RubricSettings()
     req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, s, seed=7)
-    assert "great product" in req.user and '"rule"' in req.user and "10" in req.user
+    assert "great product" in req.user and '"rule"' in req.system and "10 highly personalized" in req.system
+    assert "title 1" not in req.user  # the released Amazon generator sees the review texts only
     assert req.seed == 7 and req.temperature == 0.6 and req.top_p == 0.95
-    assert template_versions(s) == {"rubric.judge": "parl-v2", "rubric.generator": "parl-v2"}
-    with pytest.raises(ValidationError, match="parl-v2"):  # refused at load, not per request
+    assert template_versions(s) == {
+        "rubric.judge": "parl-released", "rubric.generator": "parl-released", "rubric.parser": "released",
+        "rubric.induction_validation": "released", "rubric.threshold_rule": "gt",
+    }  # fmt: skip
+    v1 = RubricSettings(template_version="parl-v1")
+    req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, v1, seed=7)
+    assert "great product" in req.user and "title 1" in req.user and '"rule"' in req.user
+    assert template_versions(v1)["rubric.judge"] == "parl-v1" and template_versions(v1)["rubric.parser"] == "lenient"
+    with pytest.raises(ValidationError, match="parl-released"):  # refused at load, not per request
         RubricSettings(template_version="parl-v999")  # type: ignore[arg-type]
 
 
