@@ -150,3 +150,41 @@ async def test_induction_default_generator_end_to_end() -> None:
     history = (HistoryItem("", "wonderful blender works wonderful"), HistoryItem("", "wonderful toaster works"))
     res = await induce_rubrics(FakeJudge(), history=history, task=Task.AMAZON, settings=RubricSettings(), num_samples=2)
     assert res.covered and all("wonderful" in r or "works" in r for r in res.rules)
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("gt", 0.0), ("ge", 1.0)])
+async def test_threshold_rule_decides_a_tie(rule: str, expected: float) -> None:
+    undecided = "It is ok."  # no key term: the fake judge answers exactly 0.5
+    spec = RubricScoreSpec("", "alpha", (undecided,), aggregate=RubricAggregate.FRACTION_SATISFIED)
+    out = await score_rubric(FakeJudge(), spec, RubricSettings(threshold_rule=rule))  # type: ignore[arg-type]
+    assert out.components["p_yes.0"] == 0.5 and out.reward == expected
+
+
+# 12 items; the first two lack "zeta", the last 10 (history_limit) all have it
+LONG_HISTORY = (
+    *(HistoryItem(f"c{i}", "alpha only") for i in range(2)),
+    *(HistoryItem(f"c{i}", "alpha zeta") for i in range(2, 12)),
+)
+RZ = 'The text uses the word "zeta".'
+
+
+@pytest.mark.parametrize(
+    ("task", "window", "kept"),
+    [
+        (Task.AMAZON, None, (RA,)),  # released (the default template's): Amazon validates on every item
+        (Task.AMAZON, "history_limit", (RA, RZ)),
+        (Task.NEWS, None, (RA, RZ)),  # released News/Reddit: the last history_limit
+        (Task.REDDIT, "released", (RA, RZ)),
+    ],
+)
+async def test_induction_validation_window(task: Task, window: str | None, kept: tuple[str, ...]) -> None:
+    judge = FakeJudge(scripted=[out(RA, RZ)])
+    s = RubricSettings(induction_validation=window)  # type: ignore[arg-type]
+    res = await induce_rubrics(judge, history=LONG_HISTORY, task=task, settings=s, num_samples=1)
+    assert res.rules == kept
+    assert list(judge.batch_sizes) == [2 * (12 if task == Task.AMAZON and window is None else 10)]
+
+
+def test_induction_window_follows_the_template() -> None:
+    assert RubricSettings().induction_validation_in_use == "released"
+    assert RubricSettings(template_version="parl-v2").induction_validation_in_use == "history_limit"
