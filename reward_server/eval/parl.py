@@ -196,7 +196,7 @@ async def evaluate(
         classic = score_classic(scorer, methods, gt=options.gt, costs=costs, progress=options.progress)
         classic_doc = scorer.describe()
     result = summarize(judged, rubrics, gt=options.gt, threshold=settings.threshold,
-                       holistic=holistic, classic=classic)  # fmt: skip
+                       inclusive=settings.threshold_rule == "ge", holistic=holistic, classic=classic)  # fmt: skip
     result["llm_judge"] = judge_doc
     result["classic"] = classic_doc
     result["judge_model"] = judge.model_id
