@@ -54,6 +54,12 @@ def generation_sampling_kwargs(request: GenerationRequest, default_seed: int) ->
     }
 
 
+def engine_prompt(tokenizer: Any, system: str, user: str, *, enable_thinking: bool) -> str:
+    """The text the engine is given for one chat: the model's chat template rendered here, with
+    the same switches as the transformers engine (and as the OpenAI engine sends)."""
+    return render_chat(tokenizer, system, user, enable_thinking=enable_thinking)
+
+
 def _require_logprob_token_ids() -> None:
     import vllm
     from vllm import SamplingParams
@@ -155,7 +161,7 @@ class VLLMJudge:
 
     def render(self, system: str, user: str) -> str:
         """The prompt string the engine is given for one chat (``engines.judge.enable_thinking``)."""
-        return render_chat(self._tok, system, user, enable_thinking=self._enable_thinking)
+        return engine_prompt(self._tok, system, user, enable_thinking=self._enable_thinking)
 
     async def _one(self, p: JudgePrompt) -> float:
         text = self.render(p.system, p.prefix + p.suffix)
