@@ -21,6 +21,8 @@ are tied to the default).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -110,12 +112,34 @@ WRITING_ONE = {
 }
 
 
+_PROBE = (
+    (HistoryItem("Probe context {x}\n", " Probe text, two lines.\nSecond line. "), HistoryItem("", "Other text.")),
+    " The text uses the word \"probe\". ",
+)
+
+
+@functools.cache
+def template_digest(template: TemplateVersion) -> str:
+    """12 hex digits of sha256 over what ``template`` renders for a fixed probe (every task's
+    judge and generator prompts): it changes whenever a wording, block order or fill rule does.
+    docs/parl.md records the digest its exactness table was measured with."""
+    history, rule = _PROBE
+    settings = RubricSettings(template_version=template)
+    parts: list[str] = []
+    for task in Task:
+        j = judge_prompt(history[0].context, history[0].text, rule, task, template=template)
+        g = generator_request(history, task, settings, seed=None)
+        parts += [j.system, j.prefix, j.suffix, g.system, g.user]
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:12]
+
+
 def template_versions(settings: RubricSettings) -> dict[str, str]:
     """Template family per role and the switches that change what the judge sees or how its
     answers count, for ``Info`` (provenance)."""
     return {
         "rubric.judge": settings.template_version,
         "rubric.generator": settings.template_version,
+        "rubric.template_digest": template_digest(settings.template_version),
         "rubric.parser": settings.parser_in_use,
         "rubric.induction_validation": settings.induction_validation_in_use,
         "rubric.threshold_rule": settings.threshold_rule,

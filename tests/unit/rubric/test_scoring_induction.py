@@ -11,7 +11,7 @@ from reward_server.backends.fake import FakeJudge, text_and_rule
 from reward_server.domain import HistoryItem, RubricAggregate, RubricScoreSpec, Task
 from reward_server.rubric import RubricSettings, induce_rubrics, score_rubric, template_versions
 from reward_server.rubric.settings import TEMPLATE_VERSIONS, TemplateVersion
-from reward_server.rubric.templates import generator_request, judge_prompt
+from reward_server.rubric.templates import generator_request, judge_prompt, template_digest
 
 RA = 'The text uses the word "alpha".'
 RB = 'The text uses the word "beta".'
@@ -86,7 +86,9 @@ def test_generator_prompt_and_versions() -> None:
     assert template_versions(s) == {
         "rubric.judge": "parl-released", "rubric.generator": "parl-released", "rubric.parser": "released",
         "rubric.induction_validation": "released", "rubric.threshold_rule": "gt",
+        "rubric.template_digest": template_digest("parl-released"),
     }  # fmt: skip
+    assert len({template_digest(t) for t in TEMPLATE_VERSIONS}) == 3
     v1 = RubricSettings(template_version="parl-v1")
     req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, v1, seed=7)
     assert "great product" in req.user and "title 1" in req.user and '"rule"' in req.user
