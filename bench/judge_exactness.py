@@ -1,5 +1,6 @@
 """Exactness of p_yes per judge engine and method, against the transformers judge (the exact
-value: logits of every variant id) on the same SmolLM2 weights (fp32, CPU) and prompts.
+value: logits of every variant id) on the same SmolLM2 weights (fp32, CPU) and prompts (the
+judge prompts of the default template; the line to record in docs/parl.md names it and its digest).
 
 Runs in the serving venv (``make venv-vllm``), where vLLM's CPU build is installed. Loads the
 transformers judge, one in-process vLLM engine and vLLM's OpenAI-compatible API server on
@@ -41,7 +42,7 @@ from reward_server.backends.smollm2 import local_smollm2_path
 from reward_server.backends.transformers_judge import TransformersJudge
 from reward_server.backends.yes_no import answer_vocab
 from reward_server.domain import Task
-from reward_server.rubric.templates import judge_prompts
+from reward_server.rubric.templates import DEFAULT_TEMPLATE, judge_prompts, template_digest
 
 TEXTS = [
     ("Blender X200, 5 stars", "honestly love it. cheap, loud, works. five stars."),
@@ -205,7 +206,8 @@ async def main() -> None:
         proxy.shutdown()
         proc.terminate()
         proc.wait(60)
-    print(f"\n{len(PROMPTS)} prompts; the natural top 20 misses a variant on {some}, a whole answer on {whole}\n")
+    print(f"\n{len(PROMPTS)} prompts; the natural top 20 misses a variant on {some}, a whole answer on {whole}")
+    print(f"measured with judge template `{DEFAULT_TEMPLATE}` (digest `{template_digest(DEFAULT_TEMPLATE)}`)\n")
     print("| engine | method | requests per judgment | max abs dp vs transformers |")
     print("|---|---|---|---|")
     for r in rows:

@@ -11,11 +11,14 @@ scoring, sent as the two batched judge calls ``parl_reward`` makes.
 
 Two parts in one run:
 1. COUNT, at the paper's GRPO shape (default 4 users x 5 rollouts, 10 history, 5 baselines,
-   10 rules, 100-300-token texts): the tokens each path prefills, counted exactly from the
-   judge's tokenizer and a replay of the prefix LRU (nothing runs through the model; this is
-   what the judge's own counters report when it does run, see --check-count).
+   10 rules, 100-300-token texts), for every judge template (parl-released, parl-v1, parl-v2;
+   --templates): the tokens each path prefills, counted exactly from the judge's tokenizer and
+   a replay of the prefix LRU (nothing runs through the model; this is what the judge's own
+   counters report when it does run, see the count check of part 2), the shared/naive ratio
+   and the unshared tokens per judgment (the rule's suffix with the chat template's closing).
 2. TIME, at a GRPO-shaped workload that fits a small CPU (default 1 user x 5 rollouts,
-   10 history, 5 baselines, 10 rules, 40-80-token texts): both paths run on the same prompts,
+   10 history, 5 baselines, 10 rules, 40-80-token texts; --time-template, default the
+   server's default template): both paths run on the same prompts,
    each judge call both ways back to back (interleaved, so a busy machine slows both alike;
    torch uses --threads, default 1); prints prefilled tokens, wall time, ratios and the largest
    |p_yes(a) - p_yes(b)| (must be <= 1e-3; exit code 1 otherwise).
@@ -42,7 +45,8 @@ from reward_server.backends.base import JudgePrompt
 from reward_server.backends.smollm2 import local_smollm2_path
 from reward_server.backends.transformers_judge import TransformersJudge
 from reward_server.domain import Task
-from reward_server.rubric.templates import judge_prompts
+from reward_server.rubric.settings import TEMPLATE_VERSIONS, TemplateVersion
+from reward_server.rubric.templates import DEFAULT_TEMPLATE, judge_prompts
 
 WORDS = (
     "the a this product really works great well and but not very good bad quality price "
@@ -94,7 +98,9 @@ TIMED = Shape(users=1, min_tokens=40, max_tokens=80)
 SMALL = Shape(users=1, rollouts=3, history=3, baselines=2, rules=4)
 
 
-def build(args: Shape, tok: object) -> list[list[list[JudgePrompt]]]:
+def build(
+    args: Shape, tok: object, template: TemplateVersion = DEFAULT_TEMPLATE
+) -> list[list[list[JudgePrompt]]]:
     """Per user, per rollout: the judge calls [validation prompts, scoring prompts]."""
     rng = random.Random(args.seed)
     groups = []
@@ -108,8 +114,11 @@ def build(args: Shape, tok: object) -> list[list[list[JudgePrompt]]]:
         rollouts = []
         for _ in range(args.rollouts):
             rules = [rng.choice(RULE_TEMPLATES).format(w=rng.choice(WORDS)) for _ in range(args.rules)]
-            validation = [p for c, t in history for p in judge_prompts(c, t, rules, Task.AMAZON)]
-            scoring = [p for t in (target[1], *baselines) for p in judge_prompts(target[0], t, rules, Task.AMAZON)]
+            validation = [p for c, t in history for p in judge_prompts(c, t, rules, Task.AMAZON, template=template)]
+            scoring = [
+                p for t in (target[1], *baselines)
+                for p in judge_prompts(target[0], t, rules, Task.AMAZON, template=template)
+            ]  # fmt: skip
             rollouts.append([validation, scoring])
         groups.append(rollouts)
     return groups
@@ -136,7 +145,7 @@ def count_tokens(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]]
     every prompt's prefix + suffix; ours runs each prefix missing from an LRU of ``cache_size``
     (replayed in call order, as ``_prefix_kv`` keeps it) plus every suffix."""
     lru: OrderedDict[str, None] = OrderedDict()
-    out = {"judgments": 0, "naive": 0, "ours": 0, "prefix_misses": 0, "evictions": 0}
+    out = {"judgments": 0, "naive": 0, "ours": 0, "prefix_misses": 0, "evictions": 0, "suffix": 0}
     lengths: dict[JudgePrompt, tuple[str, int, int]] = {}
     for rollouts in groups:
         for calls in rollouts:
@@ -149,6 +158,7 @@ def count_tokens(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]]
                     out["judgments"] += 1
                     out["naive"] += n_prefix + n_suffix
                     out["ours"] += n_suffix
+                    out["suffix"] += n_suffix
                     if prefix in seen:
                         continue
                     seen.add(prefix)
@@ -165,16 +175,16 @@ def count_tokens(judge: TransformersJudge, groups: list[list[list[JudgePrompt]]]
     return out
 
 
-def scaling(judge: TransformersJudge, base: Shape, cache_size: int) -> None:
+def scaling(judge: TransformersJudge, base: Shape, cache_size: int, template: TemplateVersion) -> None:
     """Prefilled tokens of one GRPO group (one user) as rules per rollout and rollouts per group
     grow, both paths, counted exactly (see :func:`count_tokens`)."""
-    print(f"\nSCALING from {base} (1 group; tokens prefilled per group)")
+    print(f"\nSCALING from {base} (1 group; tokens prefilled per group; template {template})")
     print("| varied | value | judgments | naive tokens | shared tokens | shared / naive | shared tokens per rollout |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, values in (("rules per rollout", (1, 5, 10, 20)), ("rollouts per group", (1, 2, 5, 8, 16))):
         for v in values:
             shape = replace(base, rules=v) if name.startswith("rules") else replace(base, rollouts=v)
-            c = count_tokens(judge, build(shape, judge.tokenizer), cache_size)
+            c = count_tokens(judge, build(shape, judge.tokenizer, template), cache_size)
             print(f"| {name} | {v} | {c['judgments']} | {c['naive']} | {c['ours']} | {c['ours'] / c['naive']:.3f} | "
                   f"{c['ours'] / shape.rollouts:.0f} |")  # fmt: skip
 
@@ -184,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     for prefix, shape in (("count", PAPER), ("time", TIMED)):
         for field in ("users", "rollouts", "history", "baselines", "rules", "min_tokens", "max_tokens"):
             ap.add_argument(f"--{prefix}-{field.replace('_', '-')}", type=int, default=getattr(shape, field))
+    ap.add_argument("--templates", default=",".join(TEMPLATE_VERSIONS),
+                    help=f"judge templates to count, comma-separated (default: all of {TEMPLATE_VERSIONS})")
+    ap.add_argument("--time-template", choices=TEMPLATE_VERSIONS, default=DEFAULT_TEMPLATE,
+                    help="judge template of the timed part and --scaling")
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--prefix-cache-size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
@@ -194,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scaling", action="store_true",
                     help="count only: prefill per group vs rules per rollout and vs rollouts per group")  # fmt: skip
     args = ap.parse_args(argv)
+    templates: list[TemplateVersion] = []
+    for name in args.templates.split(","):
+        if name not in TEMPLATE_VERSIONS:
+            ap.error(f"--templates: {name!r} is not one of {TEMPLATE_VERSIONS}")
+        templates.append(name)  # type: ignore[arg-type]
 
     def shape(prefix: str) -> Shape:
         fields = ("users", "rollouts", "history", "baselines", "rules", "min_tokens", "max_tokens")
@@ -213,20 +232,23 @@ def main(argv: list[str] | None = None) -> int:
         model_id="smollm2-local",
     )
     print(f"torch threads: {torch.get_num_threads()}, prefix LRU {args.prefix_cache_size}, batch {args.max_batch_size}")
-    c = count_tokens(judge, build(count_shape, judge.tokenizer), args.prefix_cache_size)
-    print(f"COUNT at {count_shape}: {c['judgments']} judgments")
-    print(f"  (a) naive  : {c['naive']:>9d} prefilled tokens ({c['naive'] / c['judgments']:.1f} per judgment)")
-    print(f"  (b) shared : {c['ours']:>9d} prefilled tokens ({c['ours'] / c['judgments']:.1f} per judgment; "
-          f"{c['prefix_misses']} prefix runs, {c['evictions']} LRU evictions)")  # fmt: skip
-    print(f"  tokens ratio (b)/(a) = {c['ours'] / c['naive']:.3f}   (target <= 0.10)")
+    print(f"COUNT at {count_shape} (prefilled tokens, exact; shared/naive target <= 0.10)")
+    print("| template | judgments | (a) naive | per judgment | (b) shared | per judgment | prefix runs | "
+          "LRU evictions | unshared per judgment | shared / naive |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for template in templates:
+        c = count_tokens(judge, build(count_shape, judge.tokenizer, template), args.prefix_cache_size)
+        j, ratio = c["judgments"], c["ours"] / c["naive"]
+        print(f"| {template} | {j} | {c['naive']} | {c['naive'] / j:.1f} | {c['ours']} | {c['ours'] / j:.1f} | "
+              f"{c['prefix_misses']} | {c['evictions']} | {c['suffix'] / j:.1f} | {ratio:.3f} |")  # fmt: skip
     if args.scaling:
-        scaling(judge, replace(count_shape, users=1), args.prefix_cache_size)
+        scaling(judge, replace(count_shape, users=1), args.prefix_cache_size, args.time_template)
     if args.no_time or args.scaling:
         return 0
-    groups = build(time_shape, judge.tokenizer)
+    groups = build(time_shape, judge.tokenizer, args.time_template)
     n = sum(len(p) for r in groups for calls in r for p in calls)
     expect = count_tokens(judge, groups, args.prefix_cache_size)
-    print(f"TIME at {time_shape}: {n} judgments")
+    print(f"TIME at {time_shape}, template {args.time_template}: {n} judgments")
     judge.p_yes_sync(groups[0][0][1][: time_shape.rules], share_prefix=False)  # warm-up
     judge.p_yes_sync(groups[0][0][1][: time_shape.rules], share_prefix=True)
     r = run_both(judge, groups)

@@ -34,8 +34,8 @@ class Component:
 
 _RUBRIC = (
     Component("mean_p_yes", "mean over the rules of the judge's p_yes (S in PARL)"),
-    Component("fraction_satisfied", "share of rules with p_yes > rubric.threshold"),
-    Component("all_satisfied", "1 if every rule has p_yes > rubric.threshold, else 0"),
+    Component("fraction_satisfied", "share of rules with p_yes > rubric.threshold (>= with threshold_rule=ge)"),
+    Component("all_satisfied", "1 if every rule is satisfied (p_yes > rubric.threshold), else 0"),
     Component("n_rules", "number of rules judged"),
     Component("p_yes.{i}", "the judge's p_yes for rule i"),
 )

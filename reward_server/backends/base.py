@@ -24,11 +24,13 @@ class Health:
 @dataclass(frozen=True)
 class JudgePrompt:
     """One yes/no question to the judge, rendered: the chat's system message and the user
-    message split in two. ``prefix`` ends right after the text block (shared by every rule
-    judged on the same text, so its KV can be reused) and ``suffix`` holds the question.
+    message split in two. ``prefix`` is everything before the rule (shared by every rule
+    judged on the same text, so its KV can be reused) and ``suffix`` starts with the rule and
+    holds the rest of the user message (template parl-released: the rule block's closing tag;
+    parl-v2: nothing; parl-v1: the question). ``prefix + suffix`` is the user message.
 
-    Prompts are Markdown blocks (``## Heading`` lines): the text judged is the prefix's last
-    block and the criterion the suffix's first block (the fake judge reads them so).
+    The text judged is the prefix's last block (``<Tag>...</Tag>`` or ``## Heading``) and the
+    criterion the suffix's first (the fake judge reads them so).
     """
 
     system: str

@@ -1,9 +1,11 @@
 """Deterministic engines that really implement the protocols: for tests, demos and benchmarks.
 
 FakeJudge
-    Reads the judged text and the rule from the rendered prompt (:class:`JudgePrompt`: the body
-    of the prefix's last ``## `` block, and the suffix's first block up to its first blank
-    line), then ``p_yes = 0.02 + 0.96 * covered / len(terms)`` where ``terms`` are the rule's key
+    Reads the judged text and the rule from the rendered prompt (:class:`JudgePrompt`): in the
+    released layout (the prefix ends with an opening ``<Tag>`` line) the body of the prefix's
+    last closed ``<Tag>...</Tag>`` block and the suffix up to its closing tag; in the Markdown
+    layouts the body of the prefix's last ``## `` block and the suffix's first block up to its
+    first blank line. Then ``p_yes = 0.02 + 0.96 * covered / len(terms)`` where ``terms`` are the rule's key
     terms: the phrases it quotes (``"..."`` or ``'...'``) if it quotes any, otherwise its words
     of five or more letters that are not stop words; ``covered`` counts the terms found in the
     text (case-insensitive, whole words). A rule with no key term gets 0.5 (undecided, hence not
@@ -48,6 +50,8 @@ _QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _HEADING = re.compile(r"^## .*$", re.MULTILINE)
+_TAGGED = re.compile(r"<([A-Za-z][^<>\n]*)>\n(.*?)\n</\1>", re.DOTALL)
+_OPEN_TAG_AT_END = re.compile(r"<[A-Za-z][^<>/\n]*>\n\Z")
 _BATCH_LOG = 100_000
 _CHUNK = 32  # inputs computed between two turns of the event loop
 
@@ -64,6 +68,10 @@ def blocks(rendered: str) -> list[str]:
 def text_and_rule(prompt: JudgePrompt) -> tuple[str, str]:
     """What FakeJudge judges: (text, rule) read back from a rendered prompt (the text: the last
     block of the prefix before its ``## Question``, if any)."""
+    if _OPEN_TAG_AT_END.search(prompt.prefix):
+        tagged = _TAGGED.findall(prompt.prefix)
+        text = tagged[-1][1].strip() if tagged else ""
+        return text, prompt.suffix.split("\n</", 1)[0].strip()
     prefix = prompt.prefix.split("\n\n## Question\n", 1)[0]
     pre, suf = blocks(prefix), blocks(prompt.suffix)
     text = pre[-1] if pre else prefix.strip()

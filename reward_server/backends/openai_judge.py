@@ -44,6 +44,7 @@ from reward_server.backends.settings import OpenAIJudgeSettings
 from reward_server.backends.yes_no import (
     ANSWERS,
     chat_messages,
+    chat_template_kwargs,
     p_yes_bounds,
     p_yes_exact,
     side_of,
@@ -61,9 +62,11 @@ Entries = list[tuple[str, float]]
 
 
 def judge_payload(
-    model: str, prompt: JudgePrompt, *, top_logprobs: int, token_ids: Sequence[int] = ()
+    model: str, prompt: JudgePrompt, *, top_logprobs: int, token_ids: Sequence[int] = (),
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``chat.completions.create`` for one yes/no judgment."""
+    """Keyword arguments of ``chat.completions.create`` for one yes/no judgment
+    (``template_kwargs``: sent as vLLM's ``chat_template_kwargs``)."""
     payload: dict[str, Any] = {
         "model": model,
         "messages": chat_messages(prompt.system, prompt.prefix + prompt.suffix),
@@ -72,8 +75,13 @@ def judge_payload(
         "logprobs": True,
         "top_logprobs": top_logprobs,
     }
+    extra: dict[str, Any] = {}
     if token_ids:
-        payload["extra_body"] = {"logprob_token_ids": list(token_ids), "return_tokens_as_token_ids": True}
+        extra |= {"logprob_token_ids": list(token_ids), "return_tokens_as_token_ids": True}
+    if template_kwargs:
+        extra["chat_template_kwargs"] = dict(template_kwargs)
+    if extra:
+        payload["extra_body"] = extra
     return payload
 
 
@@ -105,6 +113,7 @@ class OpenAIJudge:
         answer_tokens: Mapping[str, int] | None = None,
         vllm_extensions: bool = True,
         max_p_error: float = 0.0,
+        enable_thinking: bool = False,
     ) -> None:
         try:
             from openai import AsyncOpenAI
@@ -123,6 +132,10 @@ class OpenAIJudge:
         self._side = {i: side_of(s) for s, i in self._spelling.items()}
         self._ids = {w: sorted({i for i, side in self._side.items() if side == w}) for w in ANSWERS}
         self._extensions = vllm_extensions
+        # The chat is rendered by the server: its template switches travel with each request
+        # (vLLM's chat_template_kwargs), so every engine renders the same prompt. The OpenAI
+        # API refuses unknown fields: without the extensions nothing is sent.
+        self._template_kwargs = chat_template_kwargs(enable_thinking=enable_thinking) if vllm_extensions else {}
         self._max_p_error = max_p_error
         self._health: tuple[float, Health] | None = None
 
@@ -153,6 +166,7 @@ class OpenAIJudge:
             answer_tokens=vocab,
             vllm_extensions=settings.vllm_extensions,
             max_p_error=settings.max_p_error,
+            enable_thinking=settings.enable_thinking,
         )
 
     @property
@@ -197,8 +211,10 @@ class OpenAIJudge:
 
     async def _forced(self, prompt: JudgePrompt, token_id: int) -> float | None:
         """The raw log-prob of ``token_id``, sampling restricted to it; None if not honoured."""
-        payload = judge_payload(self._model, prompt, top_logprobs=0)
-        payload["extra_body"] = {"allowed_token_ids": [token_id], "return_tokens_as_token_ids": True}
+        payload = judge_payload(self._model, prompt, top_logprobs=0, template_kwargs=self._template_kwargs)
+        payload["extra_body"] = payload.get("extra_body", {}) | {
+            "allowed_token_ids": [token_id], "return_tokens_as_token_ids": True,
+        }
         _, (token, lp) = first_position(await self._create(payload))
         return lp if self._key(token) == token_id else None
 
@@ -206,7 +222,9 @@ class OpenAIJudge:
         all_ids = [*self._ids["yes"], *self._ids["no"]]
         asked = all_ids if self._extensions else []
         top, sampled = first_position(
-            await self._create(judge_payload(self._model, prompt, top_logprobs=self._top, token_ids=asked))
+            await self._create(judge_payload(
+                self._model, prompt, top_logprobs=self._top, token_ids=asked, template_kwargs=self._template_kwargs,
+            ))
         )
         listed = self._listed([*top, sampled])
         cap = min(lp for _, lp in (top or [sampled]))  # anything not listed is at most this likely
@@ -266,6 +284,8 @@ class OpenAIJudge:
         }
         if r.seed is not None:
             payload["seed"] = r.seed
+        if self._template_kwargs:
+            payload["extra_body"] = {"chat_template_kwargs": dict(self._template_kwargs)}
         response = await self._create(payload)
         try:
             return str(response.choices[0].message.content or "")

@@ -81,6 +81,12 @@ class TransformersJudgeSettings(_Engine):
         None, ge=1, description="CPU: torch intra-op threads (None: one per core). Set 1 when "
         "several engines or processes share few cores."
     )
+    enable_thinking: bool = Field(
+        False, description="The chat template's thinking switch (Qwen3-style hybrid models): "
+        "off renders the non-thinking prompt, as PARL's judge (an Instruct model) sees it. The "
+        "same on every engine: transformers and vllm render it locally, openai sends it as "
+        "chat_template_kwargs (with vllm_extensions). Templates without the switch ignore it."
+    )
 
 
 class VLLMJudgeSettings(_Engine):
@@ -97,6 +103,12 @@ class VLLMJudgeSettings(_Engine):
     enforce_eager: bool = Field(
         False, description="Skip torch.compile and CUDA graphs: starts much sooner (on CPU "
         "~35 s instead of ~2 min for SmolLM2), runs slower per token."
+    )
+    enable_thinking: bool = Field(
+        False, description="The chat template's thinking switch (Qwen3-style hybrid models): "
+        "off renders the non-thinking prompt, as PARL's judge (an Instruct model) sees it. The "
+        "same on every engine: transformers and vllm render it locally, openai sends it as "
+        "chat_template_kwargs (with vllm_extensions). Templates without the switch ignore it."
     )
 
 
@@ -130,6 +142,12 @@ class OpenAIJudgeSettings(_Engine):
         0.0, ge=0.0, le=0.5, description="When the server cannot report some yes/no variant, "
         "p_yes is only known within an interval: its midpoint is used if the half-width is at "
         "most this, else the call fails. 0: exact values only."
+    )
+    enable_thinking: bool = Field(
+        False, description="The chat template's thinking switch (Qwen3-style hybrid models): "
+        "off renders the non-thinking prompt, as PARL's judge (an Instruct model) sees it. The "
+        "same on every engine: transformers and vllm render it locally, openai sends it as "
+        "chat_template_kwargs (with vllm_extensions). Templates without the switch ignore it."
     )
 
 

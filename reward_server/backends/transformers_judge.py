@@ -60,6 +60,7 @@ class TransformersJudge:
         prefix_cache_size: int = 64,
         seed: int = 0,
         model_id: str | None = None,
+        enable_thinking: bool = False,
     ) -> None:
         try:
             import torch  # noqa: F401  (checked here, for the message below)
@@ -77,14 +78,16 @@ class TransformersJudge:
             raise ModelLoadError(f"could not load judge model {model!r}: {type(e).__name__}: {e}") from e
         self._attach(
             loaded, tok, forward_batch_size=forward_batch_size, prefix_cache_size=prefix_cache_size,
-            seed=seed, model_id=model_id or model,
+            seed=seed, model_id=model_id or model, enable_thinking=enable_thinking,
         )  # fmt: skip
 
     def _attach(
-        self, model: Any, tokenizer: Any, *, forward_batch_size: int, prefix_cache_size: int, seed: int, model_id: str
+        self, model: Any, tokenizer: Any, *, forward_batch_size: int, prefix_cache_size: int, seed: int, model_id: str,
+        enable_thinking: bool = False,
     ) -> None:
         import torch
 
+        self._enable_thinking = enable_thinking
         self._tok: Any = tokenizer
         self._model: Any = model
         self._device = str(next(model.parameters()).device)
@@ -125,13 +128,14 @@ class TransformersJudge:
         forward_batch_size: int = 32,
         prefix_cache_size: int = 64,
         seed: int = 0,
+        enable_thinking: bool = False,
     ) -> TransformersJudge:
         """A judge over an already built causal LM and its tokenizer (benchmarks with
         random-weight models built on the device); the model stays on its device and dtype."""
         judge = cls.__new__(cls)
         judge._attach(
             model, tokenizer, forward_batch_size=forward_batch_size, prefix_cache_size=prefix_cache_size,
-            seed=seed, model_id=model_id,
+            seed=seed, model_id=model_id, enable_thinking=enable_thinking,
         )  # fmt: skip
         return judge
 
@@ -149,6 +153,7 @@ class TransformersJudge:
             prefix_cache_size=settings.prefix_cache_size,
             seed=settings.seed,
             model_id=model_id,
+            enable_thinking=settings.enable_thinking,
         )
 
     @property
@@ -161,7 +166,7 @@ class TransformersJudge:
 
     # ------------------------------------------------------------------ rendering
     def _chat(self, system: str, user: str) -> str:
-        return render_chat(self._tok, system, user)
+        return render_chat(self._tok, system, user, enable_thinking=self._enable_thinking)
 
     def render(self, prompt: JudgePrompt) -> tuple[str, str]:
         """(prefix, suffix) strings of the chat-rendered prompt, split after ``prompt.prefix``."""

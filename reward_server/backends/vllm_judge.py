@@ -54,6 +54,12 @@ def generation_sampling_kwargs(request: GenerationRequest, default_seed: int) ->
     }
 
 
+def engine_prompt(tokenizer: Any, system: str, user: str, *, enable_thinking: bool) -> str:
+    """The text the engine is given for one chat: the model's chat template rendered here, with
+    the same switches as the transformers engine (and as the OpenAI engine sends)."""
+    return render_chat(tokenizer, system, user, enable_thinking=enable_thinking)
+
+
 def _require_logprob_token_ids() -> None:
     import vllm
     from vllm import SamplingParams
@@ -80,6 +86,7 @@ class VLLMJudge:
         seed: int = 0,
         enforce_eager: bool = False,
         model_id: str | None = None,
+        enable_thinking: bool = False,
     ) -> None:
         try:
             from transformers import AutoTokenizer
@@ -109,6 +116,7 @@ class VLLMJudge:
         except Exception as e:
             raise ModelLoadError(f"vLLM could not start {model!r}: {type(e).__name__}: {e}") from e
         self._seed = seed
+        self._enable_thinking = enable_thinking
         self._ids = itertools.count()
         self._model_id = model_id or model
         self.stats = VLLMJudgeStats()
@@ -127,6 +135,7 @@ class VLLMJudge:
             seed=settings.seed,
             enforce_eager=settings.enforce_eager,
             model_id=model_id,
+            enable_thinking=settings.enable_thinking,
         )
 
     @property
@@ -150,8 +159,12 @@ class VLLMJudge:
             raise EngineError(f"vLLM judge {self._model_id} returned no output")
         return final
 
+    def render(self, system: str, user: str) -> str:
+        """The prompt string the engine is given for one chat (``engines.judge.enable_thinking``)."""
+        return engine_prompt(self._tok, system, user, enable_thinking=self._enable_thinking)
+
     async def _one(self, p: JudgePrompt) -> float:
-        text = render_chat(self._tok, p.system, p.prefix + p.suffix)
+        text = self.render(p.system, p.prefix + p.suffix)
         final = await self._run(text, judge_sampling_kwargs([*self._yes, *self._no]))
         self.stats.requests += 1
         self.stats.prompt_tokens += len(final.prompt_token_ids or ())
@@ -172,7 +185,7 @@ class VLLMJudge:
         return list(await asyncio.gather(*(self._one(p) for p in prompts)))
 
     async def _gen(self, r: GenerationRequest) -> str:
-        final = await self._run(render_chat(self._tok, r.system, r.user), generation_sampling_kwargs(r, self._seed))
+        final = await self._run(self.render(r.system, r.user), generation_sampling_kwargs(r, self._seed))
         out = final.outputs[0]
         if out.text is not None:
             return str(out.text)

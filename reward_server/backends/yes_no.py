@@ -70,11 +70,18 @@ def chat_messages(system: str, user: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def render_chat(tokenizer: Any, system: str, user: str) -> str:
+def chat_template_kwargs(*, enable_thinking: bool) -> dict[str, Any]:
+    """The chat template's switches, the same for every engine: rendered locally by the
+    transformers and vLLM engines, sent as ``chat_template_kwargs`` by the OpenAI engine (the
+    server renders). Templates without a thinking switch ignore it."""
+    return {"enable_thinking": enable_thinking}
+
+
+def render_chat(tokenizer: Any, system: str, user: str, *, enable_thinking: bool = False) -> str:
     """The model's chat template over (system, user), ready for the assistant's first token."""
     text: str = tokenizer.apply_chat_template(
         chat_messages(system, user), tokenize=False, add_generation_prompt=True,
-        enable_thinking=False,
+        **chat_template_kwargs(enable_thinking=enable_thinking),
     )
     return text
 

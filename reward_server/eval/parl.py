@@ -40,8 +40,8 @@ from reward_server.rubric.holistic import (
     parse_holistic_score,
 )
 from reward_server.rubric.scoring import judge_batch
-from reward_server.rubric.settings import RubricSettings
-from reward_server.rubric.templates import judge_prompts, template_versions
+from reward_server.rubric.settings import RubricSettings, TemplateVersion
+from reward_server.rubric.templates import DEFAULT_TEMPLATE, judge_prompts, template_versions
 from reward_server.serving.engines import JudgeFactory
 
 Key = tuple[str, str]
@@ -76,9 +76,10 @@ def register(subparsers: Any) -> None:
 
 async def judge_samples(
     judge: JudgeEngine, rubrics: Mapping[str, UserRubric], samples: Sequence[Sample], *,
-    chunk: int, on_progress: Callable[[int], None] | None = None,
+    chunk: int, template: TemplateVersion = DEFAULT_TEMPLATE, on_progress: Callable[[int], None] | None = None,
 ) -> dict[Key, list[float]]:  # fmt: skip
-    """p_yes of every rule of the sample's user on the sample's text (empty: no rule)."""
+    """p_yes of every rule of the sample's user on the sample's text (empty: no rule), judged
+    with prompt template ``template``."""
     out: dict[Key, list[float]] = {}
     for start in range(0, len(samples), chunk):
         part = samples[start : start + chunk]
@@ -87,7 +88,7 @@ async def judge_samples(
         for s in part:
             ur = rubrics.get(s.key[0], NO_RUBRIC)
             spans.append((s.key, len(prompts), len(ur.rules)))
-            prompts.extend(judge_prompts(s.context, s.text, ur.rules, ur.task))
+            prompts.extend(judge_prompts(s.context, s.text, ur.rules, ur.task, template=template))
         p = await judge_batch(judge, prompts)
         for key, at, n in spans:
             out[key] = p[at : at + n]
@@ -161,6 +162,7 @@ async def evaluate(
         for name, s in methods.items():
             with costs["rubric judge (p_yes)"].timing(len(s)):
                 judged[name] = await judge_samples(judge, rubrics, s, chunk=options.chunk,
+                                                   template=settings.template_version,
                                                    on_progress=bar.update if bar else None)  # fmt: skip
     finally:
         if bar is not None:
@@ -194,7 +196,7 @@ async def evaluate(
         classic = score_classic(scorer, methods, gt=options.gt, costs=costs, progress=options.progress)
         classic_doc = scorer.describe()
     result = summarize(judged, rubrics, gt=options.gt, threshold=settings.threshold,
-                       holistic=holistic, classic=classic)  # fmt: skip
+                       inclusive=settings.threshold_rule == "ge", holistic=holistic, classic=classic)  # fmt: skip
     result["llm_judge"] = judge_doc
     result["classic"] = classic_doc
     result["judge_model"] = judge.model_id

@@ -53,23 +53,25 @@ def summarize(
     *,
     gt: str,
     threshold: float,
+    inclusive: bool = False,
     holistic: Mapping[str, Mapping[Key, HolisticScore]] | None = None,
     classic: Mapping[str, Mapping[str, Mapping[Key, float]]] | None = None,
 ) -> dict[str, Any]:
     """Every metric of docs/parl.md §5 and the baselines, from judged samples per method.
 
     ``holistic``: method -> sample -> parsed 1-5 answer (None: no LLM judge was run);
-    ``classic``: non-GT method -> metric -> sample -> score against the GT text.
+    ``classic``: non-GT method -> metric -> sample -> score against the GT text;
+    ``inclusive``: a rule at exactly ``threshold`` is satisfied (``rubric.threshold_rule=ge``).
     """
     rule_sets = {u: r.rules for u, r in rubrics.items()}
     methods: dict[str, dict[str, Any]] = {}
     for name, table in judged.items():
         rows = list(table.values())
-        rla = metrics.rubric_level_accuracy(rows, threshold)
+        rla = metrics.rubric_level_accuracy(rows, threshold, inclusive=inclusive)
         m: dict[str, Any] = {
             "n_samples": len(rows),
             "n_scored": sum(1 for r in rows if r),
-            "user_level_accuracy": metrics.user_level_accuracy(rows, threshold),
+            "user_level_accuracy": metrics.user_level_accuracy(rows, threshold, inclusive=inclusive),
             "rubric_level_pooled": rla.pooled,
             "rubric_level_per_sample": rla.per_sample_mean,
         }
@@ -85,12 +87,14 @@ def summarize(
         "coverage_percent": metrics.user_coverage(rule_sets),
         "avg_valid_rules": metrics.average_valid_rules(rule_sets),
         "threshold": threshold,
+        "threshold_rule": "ge" if inclusive else "gt",
         "gt": gt,
         "methods": methods,
     }
     if gt in judged:
         per_sample = {
-            name: {k: 1.0 if all(p > threshold for p in v) else 0.0 for k, v in table.items() if v}
+            name: {k: 1.0 if all(metrics.satisfied(v, threshold, inclusive=inclusive)) else 0.0
+                   for k, v in table.items() if v}
             for name, table in judged.items()
         }
         md = _max_diff(per_sample[gt], {n: t for n, t in per_sample.items() if n != gt})
@@ -142,7 +146,8 @@ def format_table(result: Mapping[str, Any]) -> str:
         lines.append(row)
     lines.append(f"Coverage: {num(result['coverage_percent'], '.1f')}%   "
                  f"Avg valid rules/user: {num(result['avg_valid_rules'], '.2f')}   "
-                 f"threshold p_yes > {result['threshold']}")  # fmt: skip
+                 f"threshold p_yes {'>=' if result.get('threshold_rule') == 'ge' else '>'} "
+                 f"{result['threshold']}")  # fmt: skip
     lines.append(_md_line("Max-Diff (rubrics, user-level)", result.get("max_diff")))
     judge = result.get("llm_judge", {})
     if "missing" in judge:

@@ -25,9 +25,11 @@ async def induce_rubrics(
     num_samples: int | None = None,
     seed: int = 0,
 ) -> InductionResult:
-    """Sample the generator ``num_samples`` times (seeds ``seed + i``), validate every attempt
-    on the last ``history_limit`` items in one judge call, keep the attempt with the most
-    surviving rules (the earliest on ties). ``covered`` iff that attempt kept a rule.
+    """Sample the generator ``num_samples`` times (seeds ``seed + i``) on the last
+    ``history_limit`` items, validate every attempt in one judge call (on the items
+    ``settings.induction_validation_in_use`` names: released = Amazon every item, other tasks
+    the last ``history_limit``, as PARL's generate-rubrics scripts), keep the attempt with the
+    most surviving rules (the earliest on ties). ``covered`` iff that attempt kept a rule.
     Arguments are a validated request (history non-empty, ``num_samples`` >= 1 or None)."""
     k = settings.induction_samples if num_samples is None else num_samples
     if k < 1:
@@ -40,7 +42,9 @@ async def induce_rubrics(
     if len(outputs) != k:
         raise EngineError(f"generator returned {len(outputs)} outputs for {k} requests")
     parsed = [parse_rubric_output(o, settings, mode="inference") for o in outputs]
-    valid = await validate_rule_sets(judge, [p.rules for p in parsed], hist, task, settings)
+    whole = settings.induction_validation_in_use == "released" and task == Task.AMAZON
+    checked = tuple(history) if whole else hist
+    valid = await validate_rule_sets(judge, [p.rules for p in parsed], checked, task, settings)
     attempts = tuple(
         InductionAttempt(
             raw_output=o, parsed_rules=p.rules, valid_rules=v, invalid_reason=p.invalid_reason

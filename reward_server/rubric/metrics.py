@@ -2,6 +2,8 @@
 
 A *sample* is one test response of one user, represented by the p_yes of each of its user's
 validated rules on that response (``Sequence[float]``; empty when the user has no rule).
+A rule is satisfied iff p_yes > threshold, or p_yes >= threshold with ``inclusive``
+(``rubric.threshold_rule``).
 """
 
 from __future__ import annotations
@@ -11,22 +13,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
-def _satisfied(p: Sequence[float], threshold: float) -> list[bool]:
-    return [x > threshold for x in p]
+def satisfied(p: Sequence[float], threshold: float, *, inclusive: bool = False) -> list[bool]:
+    return [x >= threshold if inclusive else x > threshold for x in p]
 
 
-def user_level_accuracy(samples: Sequence[Sequence[float]], threshold: float = 0.5) -> float:
+def user_level_accuracy(
+    samples: Sequence[Sequence[float]], threshold: float = 0.5, *, inclusive: bool = False
+) -> float:
     """All-or-nothing: share of samples whose EVERY rule has p_yes > threshold, over the samples
     whose user has at least one rule (NaN when there is none)."""
-    scored = [all(_satisfied(s, threshold)) for s in samples if len(s) > 0]
+    scored = [all(satisfied(s, threshold, inclusive=inclusive)) for s in samples if len(s) > 0]
     return sum(scored) / len(scored) if scored else math.nan
 
 
 def per_sample_user_level(
-    samples: Sequence[Sequence[float]], threshold: float = 0.5
+    samples: Sequence[Sequence[float]], threshold: float = 0.5, *, inclusive: bool = False
 ) -> list[float]:
     """1.0/0.0 per sample with rules (the paired vector behind the t-test)."""
-    return [1.0 if all(_satisfied(s, threshold)) else 0.0 for s in samples if len(s) > 0]
+    return [1.0 if all(satisfied(s, threshold, inclusive=inclusive)) else 0.0 for s in samples if len(s) > 0]
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,11 @@ class RubricLevelAccuracy:
 
 
 def rubric_level_accuracy(
-    samples: Sequence[Sequence[float]], threshold: float = 0.5
+    samples: Sequence[Sequence[float]], threshold: float = 0.5, *, inclusive: bool = False
 ) -> RubricLevelAccuracy:
     """Fraction of satisfied (sample, rule) pairs, pooled and per-sample mean (no-rule samples
     excluded; NaN when none is left)."""
-    scored = [_satisfied(s, threshold) for s in samples if len(s) > 0]
+    scored = [satisfied(s, threshold, inclusive=inclusive) for s in samples if len(s) > 0]
     if not scored:
         return RubricLevelAccuracy(math.nan, math.nan)
     pairs = sum(len(s) for s in scored)

@@ -1,9 +1,17 @@
 """Parsing the rubric generator's raw output (docs/parl.md §1, §3).
 
 Accepted shape: a bare JSON array of objects with a string ``rule`` (extra keys are ignored).
-Before parsing, everything up to and including the last ``</think>`` is dropped and ONE
-surrounding Markdown code fence (```` ``` ```` or ```` ```json ````) is tolerated; nothing else
-is repaired.
+What happens before ``json.loads`` is ``RubricSettings.parser`` (default: the template's own):
+
+- ``released`` (PARL's ``postprocess``, parl_rm_a.py): cut after the FIRST ``</think>``, then
+  after the first ``[Review]:``, ``[Review Text]:``, ``[Headline]:`` and ``[Content]:`` (in that
+  order, stripping each time); a code fence is not removed (json.loads fails, reward 0.0). Rules
+  are kept as written and their length is measured as written.
+- ``lenient`` (ours, templates parl-v1/v2): drop everything through the LAST ``</think>`` and
+  tolerate ONE surrounding Markdown code fence (```` ``` ```` or ```` ```json ````); rules are
+  stripped and measured after the strip.
+
+Nothing else is repaired.
 
 Training mode (PARL reward) applies the gates of §1.3: the array must hold between
 ``min_rules`` and ``max_rules`` elements, and rules shorter than ``min_rule_chars`` or longer
@@ -21,6 +29,7 @@ from typing import Literal
 from reward_server.rubric.settings import RubricSettings
 
 THINK_END = "</think>"
+RELEASED_MARKERS = ("[Review]:", "[Review Text]:", "[Headline]:", "[Content]:")
 _FENCE = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\r?\n(?P<body>.*?)\r?\n?```\Z", re.DOTALL)
 
 Mode = Literal["training", "inference"]
@@ -56,14 +65,25 @@ def strip_wrapping(raw: str) -> str:
     return text
 
 
+def released_postprocess(raw: str) -> str:
+    """PARL's ``postprocess``: cut after the first ``</think>`` and each marker, verbatim."""
+    text = raw
+    for marker in (THINK_END, *RELEASED_MARKERS):
+        idx = text.find(marker)
+        if idx != -1:
+            text = text[idx + len(marker) :].strip()
+    return text
+
+
 def _reject(reason: str, n_parsed: int = 0) -> ParsedRubric:
     return ParsedRubric(rules=(), n_parsed=n_parsed, invalid_reason=reason)
 
 
 def parse_rubric_output(raw: str, settings: RubricSettings, *, mode: Mode) -> ParsedRubric:
     """Parse a generator output into rules (see module doc for the gates)."""
-    body = strip_wrapping(raw)
-    if not body:
+    lenient = settings.parser_in_use == "lenient"
+    body = strip_wrapping(raw) if lenient else released_postprocess(raw)
+    if not body.strip():
         return _reject('empty output: expected a JSON array of {"rule": ...} objects')
     try:
         data = json.loads(body)
@@ -87,10 +107,11 @@ def parse_rubric_output(raw: str, settings: RubricSettings, *, mode: Mode) -> Pa
         rule = element["rule"]
         if not isinstance(rule, str):
             return _reject(f'element {i}: "rule" is a {type(rule).__name__}, expected a string', n)
-        rule = rule.strip()
+        if lenient:
+            rule = rule.strip()
         if mode == "training":
             if settings.min_rule_chars <= len(rule) <= settings.max_rule_chars:
                 rules.append(rule)
-        elif rule:
+        elif rule.strip():
             rules.append(rule)
     return ParsedRubric(rules=tuple(rules), n_parsed=n)

@@ -44,9 +44,10 @@ async def score_rubric(
     """Score a personalized generator's text under its user's rules (one judge call).
 
     ``spec`` is a validated request (at least one rule)."""
-    p = await judge_batch(judge, judge_prompts(spec.context, spec.text, spec.rules, spec.task))
+    prompts = judge_prompts(spec.context, spec.text, spec.rules, spec.task, template=settings.template_version)
+    p = await judge_batch(judge, prompts)
     mean_p = formulas.rubric_score(p)
-    frac = sum(1 for x in p if x > settings.threshold) / len(p)
+    frac = sum(1 for x in p if settings.satisfied(x)) / len(p)
     all_ok = 1.0 if frac == 1.0 else 0.0
     aggregate = spec.aggregate or settings.default_aggregate
     reward = {
@@ -64,13 +65,6 @@ async def score_rubric(
     return RewardOutcome(reward=reward, components=components)
 
 
-def _validation_prompts(
-    rules: Sequence[str], history: Sequence[HistoryItem], task: Task
-) -> list[JudgePrompt]:
-    # Item-major order: all rules of one text are adjacent (one shared prefix per text).
-    return [p for h in history for p in judge_prompts(h.context, h.text, rules, task)]
-
-
 async def validate_rule_sets(
     judge: JudgeEngine,
     rule_sets: Sequence[Sequence[str]],
@@ -78,7 +72,7 @@ async def validate_rule_sets(
     task: Task,
     settings: RubricSettings,
 ) -> list[tuple[str, ...]]:
-    """Keep, per rule set, the rules with p_yes > threshold on EVERY history item.
+    """Keep, per rule set, the rules satisfied (``settings.satisfied``) on EVERY history item.
 
     All judgments of all sets go to the judge in one batched call; with
     ``validation_early_exit`` the history is judged one item per round and a rule stops being
@@ -95,11 +89,12 @@ async def validate_rule_sets(
             for s, rules in enumerate(rule_sets):
                 todo = [j for j, ok in enumerate(alive[s]) if ok]
                 index.extend((s, j) for j in todo)
-                prompts.extend(judge_prompts(h.context, h.text, [rules[j] for j in todo], task))
+                todo_rules = [rules[j] for j in todo]
+                prompts.extend(judge_prompts(h.context, h.text, todo_rules, task, template=settings.template_version))
         if not prompts:
             break
         for (s, j), p in zip(index, await judge_batch(judge, prompts), strict=True):
-            if not p > settings.threshold:
+            if not settings.satisfied(p):
                 alive[s][j] = False
     return [
         tuple(r for r, ok in zip(rules, alive[s], strict=True) if ok)
@@ -129,7 +124,11 @@ async def parl_reward(
             reward=settings.format_floor, components={**counts, "floor_applied": 1.0}
         )
     texts = [spec.target.text, *spec.baselines]
-    prompts = [p for t in texts for p in judge_prompts(spec.target.context, t, valid, spec.task)]
+    prompts = [
+        p
+        for t in texts
+        for p in judge_prompts(spec.target.context, t, valid, spec.task, template=settings.template_version)
+    ]
     p = await judge_batch(judge, prompts)
     n = len(valid)
     scores = [formulas.rubric_score(p[i * n : (i + 1) * n]) for i in range(len(texts))]

@@ -1,4 +1,8 @@
-"""PARL settings: every constant of docs/parl.md is here, the paper's values as defaults."""
+"""PARL settings: every constant of docs/parl.md is here, the released code's values as defaults.
+
+Each deliberate difference from PARL's released code is a named switch whose default is the
+released behaviour (docs/parl.md, "Released code, paper and ours").
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,42 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server.domain import RubricAggregate
 
+TemplateVersion = Literal["parl-released", "parl-v1", "parl-v2"]
+TEMPLATE_VERSIONS: tuple[TemplateVersion, ...] = ("parl-released", "parl-v1", "parl-v2")
+
 
 class RubricSettings(BaseModel):
     """Rubric scoring, PARL rewards and rubric induction (docs/parl.md §3-§4)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    template_version: Literal["parl-v2"] = Field(
-        "parl-v2", description="Prompt template family version (the judge and generator "
-        "prompts of reward_server.rubric.templates)."
+    template_version: TemplateVersion = Field(
+        "parl-released", description="Prompt template family of the judge and the rubric "
+        "generator (reward_server.rubric.templates): parl-released = the wording and block order "
+        "of PARL's released prompt.py (default); parl-v1 (rule, then question) and parl-v2 "
+        "(question, then rule) = this project's earlier wordings, kept to reproduce their runs."
+    )
+    parser: Literal["released", "lenient"] | None = Field(
+        None, description="Generator-output parsing: released = PARL's code (cut at the first "
+        "</think> and its postprocess markers, json.loads, no code fence, rules kept as "
+        "written, length measured as written); lenient = ours before parl-released (cut at the "
+        "last </think>, one code fence tolerated, rules stripped, length after strip). None: "
+        "the template's own (released for parl-released, lenient for parl-v1/v2)."
     )
     threshold: float = Field(
-        0.5, ge=0.0, le=1.0, description="A rule is satisfied iff p_yes > threshold."
+        0.5, ge=0.0, le=1.0, description="A rule is satisfied iff p_yes > threshold "
+        "(>= with threshold_rule=ge)."
+    )
+    threshold_rule: Literal["gt", "ge"] = Field(
+        "gt", description="gt: satisfied iff p_yes > threshold (the released code, the paper's "
+        "algorithms); ge: p_yes >= threshold (the paper's text)."
+    )
+    induction_validation: Literal["released", "history_limit"] | None = Field(
+        None, description="Which history items InduceRubrics validates on: released = the "
+        "released scripts (Amazon: every item sent; News, Reddit: the last history_limit); "
+        "history_limit = the last history_limit for every task. The generator always sees the "
+        "last history_limit. None: the template's own (released for parl-released, "
+        "history_limit for parl-v1/v2)."
     )
     history_limit: int = Field(10, ge=1, description="Only the last N history items are used.")
     reward_lambda: float = Field(10.0, gt=0.0, description="lambda in R = 0.1 + lambda*C*...")
@@ -48,3 +76,25 @@ class RubricSettings(BaseModel):
         0.6, ge=0.0, description="Generator sampling temperature."
     )
     generation_top_p: float = Field(0.95, gt=0.0, le=1.0, description="Generator nucleus top_p.")
+
+    @property
+    def released_template(self) -> bool:
+        return self.template_version == "parl-released"
+
+    @property
+    def parser_in_use(self) -> Literal["released", "lenient"]:
+        """``parser``, or the template's own when unset."""
+        if self.parser is not None:
+            return self.parser
+        return "released" if self.released_template else "lenient"
+
+    @property
+    def induction_validation_in_use(self) -> Literal["released", "history_limit"]:
+        """``induction_validation``, or the template's own when unset."""
+        if self.induction_validation is not None:
+            return self.induction_validation
+        return "released" if self.released_template else "history_limit"
+
+    def satisfied(self, p: float) -> bool:
+        """Whether a rule with this p_yes holds (``threshold_rule``)."""
+        return p >= self.threshold if self.threshold_rule == "ge" else p > self.threshold

@@ -1,25 +1,37 @@
 """Versioned prompt templates for the judge (rubric evaluator) and the rubric generator.
 
-Judge prompts put the text BEFORE the rubric (docs/parl.md §2): ``JudgePrompt.prefix`` ends right
-after the text block, so every rule judged on the same (context, text) shares the same rendered
-prefix and its KV cache. Contexts per task follow docs/parl.md §4/§6: Amazon (item title,
-description, rating, review title -> review), News (article -> headline), Reddit (summary ->
-post content), generic (context -> text).
+Three families, selected by ``RubricSettings.template_version`` (reported by ``Info``):
 
-Changing any wording here changes rewards: bump ``TEMPLATE_VERSION`` and the Literal of
-``RubricSettings.template_version`` (reported by ``Info``).
+- ``parl-released`` (default): PARL's released wording and block order, per task
+  (:mod:`reward_server.rubric.released`): role, task and "answer yes or no" in the system
+  message; the user message is the context block, the text block and the rule block LAST.
+- ``parl-v1``: our earlier wording, rule then question (kept to reproduce its runs).
+- ``parl-v2``: our earlier wording, question then rule (kept to reproduce its runs).
+
+In every family the rule comes after the text, so ``JudgePrompt.prefix`` (everything before the
+rule, or before the rule block for v1) is shared by every rule judged on the same (context,
+text) and its KV is computed once (docs/parl.md §2). Contexts per task follow docs/parl.md §6:
+Amazon (item title, description, rating, review title -> review), News (article -> headline),
+Reddit (summary -> post content), generic (context -> text).
+
+Changing any wording here changes rewards: add a version to ``TemplateVersion`` instead of
+editing one (the goldens in tests/unit/rubric/golden/ and the exactness table of docs/parl.md
+are tied to the default).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reward_server.backends.base import GenerationRequest, JudgePrompt
 from reward_server.domain import HistoryItem, Task
-from reward_server.rubric.settings import RubricSettings
+from reward_server.rubric import released
+from reward_server.rubric.settings import TEMPLATE_VERSIONS, RubricSettings, TemplateVersion
 
-TEMPLATE_VERSION = "parl-v2"  # RubricSettings.template_version admits exactly this
+DEFAULT_TEMPLATE: TemplateVersion = "parl-released"
 
 
 @dataclass(frozen=True)
@@ -54,12 +66,19 @@ JUDGE_SYSTEM = (
 # falls on a pre-tokenizer boundary, so tokens(prefix) + tokens(suffix) equals
 # tokens(prefix + suffix) for byte-level BPE tokenizers (the ids engines that tokenize the
 # whole prompt, e.g. vLLM, see).
-JUDGE_PREFIX = (
+JUDGE_PREFIX_V2 = (
     "## {context_label}\n{context}\n\n## {text_label}\n{text}\n\n"
     "## Question\nDoes the {text_lower} above satisfy the rubric rule below? Answer yes or no.\n\n"
     "## Rubric rule\n"
 )
-JUDGE_SUFFIX = "{rule}"
+JUDGE_SUFFIX_V2 = "{rule}"
+
+# parl-v1: the prefix ends on the text's last character and the suffix starts with the newlines
+# (also a pre-tokenizer boundary); the question after the rule is not shared.
+JUDGE_PREFIX_V1 = "## {context_label}\n{context}\n\n## {text_label}\n{text}"
+JUDGE_SUFFIX_V1 = (
+    "\n\n## Rubric rule\n{rule}\n\nDoes the {text_lower} above satisfy the rubric rule? Answer yes or no."
+)
 
 GENERATOR_SYSTEM = (
     "You are an expert in writing style analysis and personalization. You study the writing "
@@ -93,31 +112,70 @@ WRITING_ONE = {
 }
 
 
+_PROBE = (
+    (HistoryItem("Probe context {x}\n", " Probe text, two lines.\nSecond line. "), HistoryItem("", "Other text.")),
+    " The text uses the word \"probe\". ",
+)
+
+
+@functools.cache
+def template_digest(template: TemplateVersion) -> str:
+    """12 hex digits of sha256 over what ``template`` renders for a fixed probe (every task's
+    judge and generator prompts): it changes whenever a wording, block order or fill rule does.
+    docs/parl.md records the digest its exactness table was measured with."""
+    history, rule = _PROBE
+    settings = RubricSettings(template_version=template)
+    parts: list[str] = []
+    for task in Task:
+        j = judge_prompt(history[0].context, history[0].text, rule, task, template=template)
+        g = generator_request(history, task, settings, seed=None)
+        parts += [j.system, j.prefix, j.suffix, g.system, g.user]
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:12]
+
+
 def template_versions(settings: RubricSettings) -> dict[str, str]:
-    """Template family per role, for ``Info`` (provenance)."""
+    """Template family per role and the switches that change what the judge sees or how its
+    answers count, for ``Info`` (provenance)."""
     return {
         "rubric.judge": settings.template_version,
         "rubric.generator": settings.template_version,
+        "rubric.template_digest": template_digest(settings.template_version),
+        "rubric.parser": settings.parser_in_use,
+        "rubric.induction_validation": settings.induction_validation_in_use,
+        "rubric.threshold_rule": settings.threshold_rule,
     }
 
 
-def judge_prompt(context: str, text: str, rule: str, task: Task) -> JudgePrompt:
-    """The yes/no question 'does ``text`` (written for ``context``) satisfy ``rule``?'."""
+def judge_prompt(
+    context: str, text: str, rule: str, task: Task, *, template: TemplateVersion = DEFAULT_TEMPLATE
+) -> JudgePrompt:
+    """The yes/no question 'does ``text`` (written for ``context``) satisfy ``rule``?'.
+
+    ``parl-released`` inserts context, text and rule as given (the released code does not
+    strip); ``parl-v1``/``parl-v2`` strip them and write ``(none)`` for an empty context."""
+    if template == "parl-released":
+        system, prefix, suffix = released.judge_messages(context, text, rule, task)
+        return JudgePrompt(system=system, prefix=prefix, suffix=suffix)
+    if template not in ("parl-v1", "parl-v2"):
+        raise ValueError(f"unknown template version {template!r}; expected one of {TEMPLATE_VERSIONS}")
     labels = TASK_LABELS[task]
     system = JUDGE_SYSTEM.format(writing_one=WRITING_ONE[task], text_lower=labels.text.lower())
-    prefix = JUDGE_PREFIX.format(
-        context_label=labels.context,
-        context=context.strip() or "(none)",
-        text_label=labels.text,
-        text=text.strip(),
-        text_lower=labels.text.lower(),
-    )
-    suffix = JUDGE_SUFFIX.format(rule=rule.strip())
-    return JudgePrompt(system=system, prefix=prefix, suffix=suffix)
+    fields = {
+        "context_label": labels.context,
+        "context": context.strip() or "(none)",
+        "text_label": labels.text,
+        "text": text.strip(),
+        "text_lower": labels.text.lower(),
+        "rule": rule.strip(),
+    }
+    pre, suf = (JUDGE_PREFIX_V1, JUDGE_SUFFIX_V1) if template == "parl-v1" else (JUDGE_PREFIX_V2, JUDGE_SUFFIX_V2)
+    return JudgePrompt(system=system, prefix=pre.format(**fields), suffix=suf.format(**fields))
 
 
-def judge_prompts(context: str, text: str, rules: Sequence[str], task: Task) -> list[JudgePrompt]:
-    return [judge_prompt(context, text, r, task) for r in rules]
+def judge_prompts(
+    context: str, text: str, rules: Sequence[str], task: Task, *, template: TemplateVersion = DEFAULT_TEMPLATE
+) -> list[JudgePrompt]:
+    return [judge_prompt(context, text, r, task, template=template) for r in rules]
 
 
 def render_history(history: Sequence[HistoryItem], task: Task) -> str:
@@ -143,18 +201,24 @@ def generator_request(
     seed: int | None,
     n_rules: int = 10,
 ) -> GenerationRequest:
-    """The rubric generator's prompt over the user's raw history (docs/parl.md §1)."""
-    labels = TASK_LABELS[task]
-    items = render_history(history, task)
-    user = GENERATOR_USER.format(
-        n=len(history),
-        writing=labels.writing,
-        context_lower=labels.context.split(" (")[0].lower(),
-        history=items,
-        n_rules=n_rules,
-    )
+    """The rubric generator's prompt over the user's raw history (docs/parl.md §1).
+
+    ``history`` is used as given (callers window it). ``n_rules`` applies to parl-v1/v2; the
+    released prompt asks for 10 in its wording."""
+    if settings.template_version == "parl-released":
+        system, user = released.generator_messages(history, task)
+    else:
+        labels = TASK_LABELS[task]
+        system = GENERATOR_SYSTEM
+        user = GENERATOR_USER.format(
+            n=len(history),
+            writing=labels.writing,
+            context_lower=labels.context.split(" (")[0].lower(),
+            history=render_history(history, task),
+            n_rules=n_rules,
+        )
     return GenerationRequest(
-        system=GENERATOR_SYSTEM,
+        system=system,
         user=user,
         max_new_tokens=settings.generation_max_new_tokens,
         temperature=settings.generation_temperature,

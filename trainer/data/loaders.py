@@ -6,8 +6,12 @@ DPL-Amazon (``load_amazon``)
     ``{"user_id", "profile": [{"item_title", "description", "rating", "title", "text"}, ...],
     "data": {"item_title", "description", "rating", "title", "text"}}`` (DPL's names; the
     denormalized join of its main split, profile map and item metadata). ``item_description`` is
-    accepted for ``description``. Context = item title, description, rating, review title;
-    text = review text; ``data`` is the target.
+    accepted for ``description``. Context = item title, description, rating, review title, as
+    PARL's released code writes it (``context_labels="released"``: ``[Item Title]: ...``,
+    ``[Item Description]: ...``, ``[Output Review Rating]: ...``, ``[Output Review Title]: ...``,
+    each line ending in a newline); ``"short"``: the labels ``[Review Rating]``/``[Review Title]``
+    and no final newline (this project's data before template parl-released). Text = review
+    text; ``data`` is the target.
 LaMP-4 news headlines (``load_lamp4``)
     LaMP's questions file ``[{"id", "input": "Generate a headline for the following article:
     ...", "profile": [{"text", "title"}]}]`` plus its outputs file ``{"golds": [{"id",
@@ -27,7 +31,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reward_server.domain import HistoryItem, Task
 from trainer.data.records import DataFormatError, UserRecord
@@ -137,11 +141,21 @@ def _finish(
     )
 
 
-def amazon_context(r: _Reader, rec: Mapping[str, Any], where: str) -> str:
+ContextLabels = Literal["released", "short"]
+CONTEXT_LABELS: tuple[ContextLabels, ...] = ("released", "short")
+
+
+def amazon_context(r: _Reader, rec: Mapping[str, Any], where: str, *, labels: ContextLabels = "released") -> str:
+    """The Amazon context block (see module doc; released: PARL's parl_rm_a.py metadata)."""
     title = r.text(rec, "item_title", where=where)
     desc = r.text(rec, "description", "item_description", where=where, allow_empty=True)
     rating = r.text(rec, "rating", "review_rating", where=where)
     review_title = r.text(rec, "title", "review_title", where=where, allow_empty=True)
+    if labels == "released":
+        return (
+            f"[Item Title]: {title}\n[Item Description]: {desc}\n"
+            f"[Output Review Rating]: {rating}\n[Output Review Title]: {review_title}\n"
+        )
     return (
         f"[Item Title]: {title}\n[Item Description]: {desc}\n"
         f"[Review Rating]: {rating}\n[Review Title]: {review_title}"
@@ -149,23 +163,25 @@ def amazon_context(r: _Reader, rec: Mapping[str, Any], where: str) -> str:
 
 
 def load_amazon(
-    path: Path, *, history_limit: int = 10, min_history: int = 1
+    path: Path, *, history_limit: int = 10, min_history: int = 1, context_labels: ContextLabels = "released"
 ) -> list[UserRecord]:
     """DPL-Amazon users (see module doc)."""
+    if context_labels not in CONTEXT_LABELS:
+        raise ValueError(f"context_labels={context_labels!r}: expected one of {CONTEXT_LABELS}")
     out: list[UserRecord] = []
     for line, prefix, rec in _progress(iter_records(Path(path)), f"amazon {Path(path).name}"):
         r = _Reader(Path(path), line, prefix)
         user_id = r.text(rec, "user_id")
         history = [
             HistoryItem(
-                context=amazon_context(r, p, f"profile[{i}]."),
+                context=amazon_context(r, p, f"profile[{i}].", labels=context_labels),
                 text=r.text(p, "text", "review_text", where=f"profile[{i}]."),
             )
             for i, p in enumerate(r.items(rec, "profile"))
         ]
         data = r.obj(rec, "data")
         target = HistoryItem(
-            context=amazon_context(r, data, "data."),
+            context=amazon_context(r, data, "data.", labels=context_labels),
             text=r.text(data, "text", "review_text", where="data."),
         )
         out.append(_finish(r, user_id, Task.AMAZON, history, target,

@@ -43,7 +43,10 @@ from reward_server.integrations.extra_info import spec_from_extra_info
 from reward_server.rpc import jsonmap
 from reward_server.rpc.convert import item_to_proto
 from trainer.data.loaders import (
+    CONTEXT_LABELS,
     LOADERS,
+    ContextLabels,
+    load_amazon,
     load_baselines,
     load_constraints,
     load_lamp4,
@@ -59,7 +62,9 @@ SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 SAMPLE_SOURCES = {"amazon": "amazon.jsonl", "news": "lamp4.jsonl", "reddit": "longlamp.jsonl"}
 
 
-def load_source(spec: str, *, history_limit: int) -> list[UserRecord]:
+def load_source(
+    spec: str, *, history_limit: int, amazon_context_labels: ContextLabels = "released"
+) -> list[UserRecord]:
     """``FORMAT=PATH`` (news also ``news=QUESTIONS:OUTPUTS``) -> records."""
     fmt, sep, path = spec.partition("=")
     if not sep or fmt not in LOADERS:
@@ -69,6 +74,8 @@ def load_source(spec: str, *, history_limit: int) -> list[UserRecord]:
     if fmt == "news" and ":" in path:
         questions, outputs = path.split(":", 1)
         return load_lamp4(Path(questions), outputs=Path(outputs), history_limit=history_limit)
+    if fmt == "amazon":
+        return load_amazon(Path(path), history_limit=history_limit, context_labels=amazon_context_labels)
     return LOADERS[fmt](Path(path), history_limit=history_limit)
 
 
@@ -223,6 +230,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--val-size", type=int, default=1,
                    help="hold out the last N users of each source as the val split (default 1; "
                         "0: no val files)")
+    p.add_argument("--amazon-context-labels", choices=CONTEXT_LABELS, default="released",
+                   help="released: PARL's [Output Review Rating]/[Output Review Title] metadata block "
+                        "(default); short: [Review Rating]/[Review Title], this project's data before "
+                        "template parl-released")
     p.add_argument("--format", action="append", choices=FORMATS, dest="formats",
                    help="files to write (repeat for several; default: verl and trl)")
     p.add_argument("--out", type=Path, required=True)
@@ -237,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.sample:
             groups += sample_groups(history_limit=args.history_limit)
         for spec in args.source:
-            groups.append(attach(load_source(spec, history_limit=args.history_limit),
+            groups.append(attach(load_source(spec, history_limit=args.history_limit,
+                                             amazon_context_labels=args.amazon_context_labels),
                                  baselines=args.baselines, rules=args.rules,
                                  constraints=args.constraints))
         if not groups:

@@ -261,3 +261,46 @@ async def test_generate_and_health(base_url: str) -> None:
     assert out == ["echo seed=7 hello worl"]
     assert (await judge.health()).ok
     await judge.close()
+
+
+# A chat template with a thinking switch, as Qwen3's: with enable_thinking false the assistant turn
+# opens with an empty think block; without the switch set, thinking is on.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+async def test_enable_thinking_renders_the_same_prompt_on_every_engine(base_url: str, thinking: bool) -> None:
+    """engines.judge.enable_thinking: transformers and vLLM render the chat locally, the OpenAI
+    engine sends chat_template_kwargs and the server renders (as vLLM's server does, below)."""
+    import torch
+
+    from reward_server.backends.tiny_models import random_causal_lm, tokenizer_dir
+    from reward_server.backends.transformers_judge import TransformersJudge
+    from reward_server.backends.vllm_judge import engine_prompt
+
+    model, tok = random_causal_lm("tiny-qwen3", tokenizer_dir(), device="cpu", dtype=torch.float32)
+    tok.chat_template = THINKING_TEMPLATE
+    prompt = judge_prompt("c", "alpha beta", "Uses alpha.", Task.AMAZON)
+    local = TransformersJudge.from_model(model, tok, model_id="t", enable_thinking=thinking)
+    by_transformers = "".join(local.render(prompt))
+    by_vllm = engine_prompt(tok, prompt.system, prompt.prefix + prompt.suffix, enable_thinking=thinking)
+    remote = _judge(base_url, enable_thinking=thinking)
+    await remote.p_yes([prompt])
+    (body,) = State.requests
+    assert body["chat_template_kwargs"] == {"enable_thinking": thinking}
+    by_server = tok.apply_chat_template(
+        body["messages"], tokenize=False, add_generation_prompt=True, **body["chat_template_kwargs"]
+    )
+    assert by_transformers == by_vllm == by_server
+    assert by_server.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
+
+
+async def test_no_template_switches_sent_without_vllm_extensions(base_url: str) -> None:
+    State.mode = "openai"
+    await _judge(base_url, vllm_extensions=False, max_p_error=0.5).p_yes(PROMPTS[:1])
+    assert all("chat_template_kwargs" not in r for r in State.requests)

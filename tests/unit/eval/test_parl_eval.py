@@ -101,7 +101,7 @@ def test_eval_parl_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert rag["classic"]["rouge1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3) and rag["classic"]["n_pairs"] == 3
     assert sft["classic"]["rouge1"] == 0.0 and "classic" not in gt
     assert res["classic"]["computed"] == ["rouge1", "bleu"]
-    assert res["template_versions"]["rubric.judge"] == "parl-v2" and res["judge_model"] == "fake-judge"
+    assert res["template_versions"]["rubric.judge"] == "parl-released" and res["judge_model"] == "fake-judge"
     assert res["template_versions"]["rubric.holistic"] == "parl-holistic-v1"
     costs = {c["method"]: c for c in res["cost"]}
     assert costs["rubric judge (p_yes)"]["items"] == 8 and costs["LLM-as-judge (1-5)"]["items"] == 8

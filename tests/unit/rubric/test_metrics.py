@@ -59,3 +59,12 @@ def test_llm_judge_normalized() -> None:
     assert m.llm_judge_normalized([1, 5, 3, 4]) == pytest.approx((0 + 1 + 0.5 + 0.75) / 4)
     with pytest.raises(ValueError):
         m.llm_judge_normalized([0])
+
+
+def test_inclusive_threshold_counts_a_tie() -> None:
+    samples = [[0.5, 0.9], [0.6]]
+    assert m.user_level_accuracy(samples, 0.5) == 0.5
+    assert m.user_level_accuracy(samples, 0.5, inclusive=True) == 1.0
+    assert m.rubric_level_accuracy(samples, 0.5).pooled == pytest.approx(2 / 3)
+    assert m.rubric_level_accuracy(samples, 0.5, inclusive=True).pooled == 1.0
+    assert m.per_sample_user_level(samples, 0.5, inclusive=True) == [1.0, 1.0]

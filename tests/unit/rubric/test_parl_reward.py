@@ -178,7 +178,10 @@ async def test_early_exit_judges_in_rounds_with_same_result() -> None:
     assert list(judge.batch_sizes) == [4, 3, 2, 8]
 
 
-async def test_think_block_and_fence_are_stripped() -> None:
+async def test_think_block_and_fence_are_stripped_by_lenient_parser() -> None:
     output = "<think>Let me think [not json]</think>\n```json\n" + rules_json(R1, R2) + "\n```"
-    out = await parl_reward(FakeJudge(), spec(output, ParlVariant.PARL_0), RubricSettings())
+    out = await parl_reward(FakeJudge(), spec(output, ParlVariant.PARL_0), RubricSettings(parser="lenient"))
     assert out.policy_invalid is None and out.reward == pytest.approx(5.1)
+    # the released reward json.loads the fenced text: policy-invalid (PARL's 0.0)
+    released = await parl_reward(FakeJudge(), spec(output, ParlVariant.PARL_0), RubricSettings())
+    assert released.policy_invalid is not None and "not valid JSON" in released.policy_invalid

@@ -1,4 +1,5 @@
-"""Golden cases for the generator-output parser (docs/parl.md §1, §3)."""
+"""Golden cases for the generator-output parser (docs/parl.md §1, §3): the released parser
+(PARL's postprocess + json.loads, the default) and our lenient one (templates parl-v1/v2)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 import pytest
 
 from reward_server.rubric import RubricSettings, parse_rubric_output
-from reward_server.rubric.parsing import strip_wrapping
+from reward_server.rubric.parsing import released_postprocess, strip_wrapping
 
-S = RubricSettings()
+S = RubricSettings()  # parser: released (the default template's)
+LENIENT = RubricSettings(parser="lenient")
 R = "The review opens with a one-line verdict."
 R2 = "Sentences are short and use exclamation marks."
 
@@ -23,15 +25,38 @@ def test_plain_array() -> None:
     assert p.rules == (R, R2) and p.n_parsed == 2 and p.invalid_reason is None
 
 
-def test_think_block_stripped_through_last_close() -> None:
+def test_parser_follows_the_template_unless_named() -> None:
+    assert S.parser_in_use == "released"
+    assert RubricSettings(template_version="parl-v1").parser_in_use == "lenient"
+    assert RubricSettings(template_version="parl-v2").parser_in_use == "lenient"
+    assert RubricSettings(template_version="parl-v1", parser="released").parser_in_use == "released"
+
+
+def test_lenient_think_block_stripped_through_last_close() -> None:
     raw = '<think>[{"rule": "bait"}]</think> more </think>\n' + arr(R, R2)
-    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+    assert parse_rubric_output(raw, LENIENT, mode="training").rules == (R, R2)
+
+
+def test_released_think_block_cut_at_first_close() -> None:
+    # PARL's postprocess cuts after the FIRST </think>: what follows a second one is not JSON
+    raw = '<think>[{"rule": "bait"}]</think> more </think>\n' + arr(R, R2)
+    p = parse_rubric_output(raw, S, mode="training")
+    assert p.invalid_reason is not None and "not valid JSON" in p.invalid_reason
+    assert parse_rubric_output("<think>x</think>\n" + arr(R, R2), S, mode="training").rules == (R, R2)
+
+
+def test_released_markers_cut_as_postprocess() -> None:
+    # postprocess also cuts after "[Review]:", "[Review Text]:", "[Headline]:", "[Content]:"
+    assert parse_rubric_output("[Content]: " + arr(R, R2), S, mode="training").rules == (R, R2)
+    assert released_postprocess("a</think> b [Headline]: c") == "c"
 
 
 @pytest.mark.parametrize("fence", ["```json\n{}\n```", "```\n{}\n```", "  ```JSON\n{}```  "])
-def test_one_code_fence_tolerated(fence: str) -> None:
+def test_one_code_fence_tolerated_by_lenient_only(fence: str) -> None:
     raw = fence.replace("{}", arr(R, R2))
-    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+    assert parse_rubric_output(raw, LENIENT, mode="training").rules == (R, R2)
+    p = parse_rubric_output(raw, S, mode="training")  # released: json.loads fails, reward 0.0
+    assert p.rules == () and p.invalid_reason is not None and "not valid JSON" in p.invalid_reason
 
 
 def test_prose_around_array_is_not_repaired() -> None:
@@ -40,9 +65,16 @@ def test_prose_around_array_is_not_repaired() -> None:
     assert strip_wrapping("```json\n[1]\n``` trailing") == "```json\n[1]\n``` trailing"
 
 
-def test_extra_keys_ignored_and_whitespace_trimmed() -> None:
+def test_extra_keys_ignored_and_whitespace_trimmed_by_lenient_only() -> None:
     raw = json.dumps([{"rule": f"  {R} ", "dimension": "style"}, {"rule": R2, "id": 2}])
-    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+    assert parse_rubric_output(raw, LENIENT, mode="training").rules == (R, R2)
+    assert parse_rubric_output(raw, S, mode="training").rules == (f"  {R} ", R2)
+
+
+def test_released_length_measured_as_written() -> None:
+    padded = " " + "x" * 19  # 20 characters as written, 19 after a strip
+    assert parse_rubric_output(arr(padded, R), S, mode="training").rules == (padded, R)
+    assert parse_rubric_output(arr(padded, R), LENIENT, mode="training").rules == (R,)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from reward_server.backends.fake import FakeJudge, text_and_rule
 from reward_server.domain import HistoryItem, RubricAggregate, RubricScoreSpec, Task
 from reward_server.rubric import RubricSettings, induce_rubrics, score_rubric, template_versions
-from reward_server.rubric.templates import generator_request, judge_prompt
+from reward_server.rubric.settings import TEMPLATE_VERSIONS, TemplateVersion
+from reward_server.rubric.templates import generator_request, judge_prompt, template_digest
 
 RA = 'The text uses the word "alpha".'
 RB = 'The text uses the word "beta".'
@@ -50,27 +51,49 @@ async def test_threshold_setting_applies() -> None:
     assert out.reward == 1.0
 
 
-def test_judge_prompt_text_before_rule_and_prefix_shared() -> None:
-    a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS)
-    b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS)
+@pytest.mark.parametrize("template", TEMPLATE_VERSIONS)
+def test_judge_prompt_text_before_rule_and_prefix_shared(template: TemplateVersion) -> None:
+    a = judge_prompt("An article about rain.", "Rain again", RA, Task.NEWS, template=template)
+    b = judge_prompt("An article about rain.", "Rain again", RB, Task.NEWS, template=template)
     assert a.system == b.system and a.prefix == b.prefix and a.suffix != b.suffix
-    # the suffix is the rule alone: the question and headings are shared in the prefix
-    assert a.suffix == RA and a.prefix.endswith("## Rubric rule\n")
-    assert a.prefix.index("Rain again") < a.prefix.index("yes or no")
-    assert "Article" in a.prefix and "Headline" in a.prefix
+    assert a.suffix.startswith(RA) or (template == "parl-v1" and RA in a.suffix)
     assert text_and_rule(a) == ("Rain again", RA)  # what the fake judge reads back
-    assert "yes or no" in a.system
+    assert "yes or no" in a.system.replace("`", "")
     for task in Task:
-        assert judge_prompt("c", "t", RA, task).prefix.index("c") < judge_prompt("c", "t", RA, task).prefix.rindex("t")
+        p = judge_prompt("c", "t", RA, task, template=template)
+        assert p.prefix.index("c") < p.prefix.rindex("t") and text_and_rule(p) == ("t", RA)
+
+
+def test_judge_prompt_layouts() -> None:
+    ctx, text = "An article about rain.", "Rain again"
+    rel = judge_prompt(ctx, text, RA, Task.NEWS)  # default: the released layout, rule block last
+    assert rel.prefix.endswith("<Personalized Evaluation Rubric>\n")
+    assert rel.suffix == RA + "\n</Personalized Evaluation Rubric>\n"
+    assert rel.prefix.index(ctx) < rel.prefix.index(text) and "`yes` or `no`" in rel.system
+    v2 = judge_prompt(ctx, text, RA, Task.NEWS, template="parl-v2")  # question, then the rule alone
+    assert v2.suffix == RA and v2.prefix.endswith("## Rubric rule\n")
+    assert v2.prefix.index(text) < v2.prefix.index("yes or no")
+    v1 = judge_prompt(ctx, text, RA, Task.NEWS, template="parl-v1")  # rule, then the question
+    assert v1.prefix.endswith(text) and v1.suffix.index(RA) < v1.suffix.index("yes or no")
 
 
 def test_generator_prompt_and_versions() -> None:
     s = RubricSettings()
     req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, s, seed=7)
-    assert "great product" in req.user and '"rule"' in req.user and "10" in req.user
+    assert "great product" in req.user and '"rule"' in req.system and "10 highly personalized" in req.system
+    assert "title 1" not in req.user  # the released Amazon generator sees the review texts only
     assert req.seed == 7 and req.temperature == 0.6 and req.top_p == 0.95
-    assert template_versions(s) == {"rubric.judge": "parl-v2", "rubric.generator": "parl-v2"}
-    with pytest.raises(ValidationError, match="parl-v2"):  # refused at load, not per request
+    assert template_versions(s) == {
+        "rubric.judge": "parl-released", "rubric.generator": "parl-released", "rubric.parser": "released",
+        "rubric.induction_validation": "released", "rubric.threshold_rule": "gt",
+        "rubric.template_digest": template_digest("parl-released"),
+    }  # fmt: skip
+    assert len({template_digest(t) for t in TEMPLATE_VERSIONS}) == 3
+    v1 = RubricSettings(template_version="parl-v1")
+    req = generator_request([HistoryItem("title 1", "great product")], Task.AMAZON, v1, seed=7)
+    assert "great product" in req.user and "title 1" in req.user and '"rule"' in req.user
+    assert template_versions(v1)["rubric.judge"] == "parl-v1" and template_versions(v1)["rubric.parser"] == "lenient"
+    with pytest.raises(ValidationError, match="parl-released"):  # refused at load, not per request
         RubricSettings(template_version="parl-v999")  # type: ignore[arg-type]
 
 
@@ -129,3 +152,41 @@ async def test_induction_default_generator_end_to_end() -> None:
     history = (HistoryItem("", "wonderful blender works wonderful"), HistoryItem("", "wonderful toaster works"))
     res = await induce_rubrics(FakeJudge(), history=history, task=Task.AMAZON, settings=RubricSettings(), num_samples=2)
     assert res.covered and all("wonderful" in r or "works" in r for r in res.rules)
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("gt", 0.0), ("ge", 1.0)])
+async def test_threshold_rule_decides_a_tie(rule: str, expected: float) -> None:
+    undecided = "It is ok."  # no key term: the fake judge answers exactly 0.5
+    spec = RubricScoreSpec("", "alpha", (undecided,), aggregate=RubricAggregate.FRACTION_SATISFIED)
+    out = await score_rubric(FakeJudge(), spec, RubricSettings(threshold_rule=rule))  # type: ignore[arg-type]
+    assert out.components["p_yes.0"] == 0.5 and out.reward == expected
+
+
+# 12 items; the first two lack "zeta", the last 10 (history_limit) all have it
+LONG_HISTORY = (
+    *(HistoryItem(f"c{i}", "alpha only") for i in range(2)),
+    *(HistoryItem(f"c{i}", "alpha zeta") for i in range(2, 12)),
+)
+RZ = 'The text uses the word "zeta".'
+
+
+@pytest.mark.parametrize(
+    ("task", "window", "kept"),
+    [
+        (Task.AMAZON, None, (RA,)),  # released (the default template's): Amazon validates on every item
+        (Task.AMAZON, "history_limit", (RA, RZ)),
+        (Task.NEWS, None, (RA, RZ)),  # released News/Reddit: the last history_limit
+        (Task.REDDIT, "released", (RA, RZ)),
+    ],
+)
+async def test_induction_validation_window(task: Task, window: str | None, kept: tuple[str, ...]) -> None:
+    judge = FakeJudge(scripted=[out(RA, RZ)])
+    s = RubricSettings(induction_validation=window)  # type: ignore[arg-type]
+    res = await induce_rubrics(judge, history=LONG_HISTORY, task=task, settings=s, num_samples=1)
+    assert res.rules == kept
+    assert list(judge.batch_sizes) == [2 * (12 if task == Task.AMAZON and window is None else 10)]
+
+
+def test_induction_window_follows_the_template() -> None:
+    assert RubricSettings().induction_validation_in_use == "released"
+    assert RubricSettings(template_version="parl-v2").induction_validation_in_use == "history_limit"

@@ -39,14 +39,22 @@ def test_sample_has_nine_users_across_three_tasks() -> None:
 
 
 def test_amazon_loader_builds_context_from_the_four_fields() -> None:
+    # default: PARL's released metadata block (parl_rm_a.py), labels and final newline included
     (first, *_) = loaders.load_amazon(SAMPLE_DIR / "amazon.jsonl")
     assert first.user_id == "amz_enthusiast"
     assert first.history[0].context == (
         "[Item Title]: Bamboo Cutting Board Set\n"
         "[Item Description]: Three boards of organic bamboo with juice grooves.\n"
-        "[Review Rating]: 5\n[Review Title]: Love it!"
+        "[Output Review Rating]: 5\n[Output Review Title]: Love it!\n"
     )
     assert first.history[0].text.startswith("Honestly, this bamboo cutting board set")
+    (short, *_) = loaders.load_amazon(SAMPLE_DIR / "amazon.jsonl", context_labels="short")
+    assert short.history[0].context == (
+        "[Item Title]: Bamboo Cutting Board Set\n"
+        "[Item Description]: Three boards of organic bamboo with juice grooves.\n"
+        "[Review Rating]: 5\n[Review Title]: Love it!"
+    )
+    assert short.target.context.startswith("[Item Title]") and "[Review Rating]" in short.target.context
 
 
 def test_lamp4_strips_the_instruction_and_reads_separate_golds(tmp_path: Path) -> None:
