@@ -18,7 +18,7 @@
 #   the trainer alike.
 #
 # Settings (environment; the defaults are the manifests'):
-#   RAY_HEAD_ADDRESS       host:port of the head's GCS for worker / ingress-node
+#   RAY_HEAD_ADDRESS       host:port of the head's GCS for worker / ingress-node ($RAY_HEAD_IP:$RAY_PORT)
 #   RAY_PORT               the head's GCS port (6379)
 #   RAY_DASHBOARD_ADDRESS  where serve-deploy sends the config (http://127.0.0.1:8265: run it on the head)
 #   REWARD_SERVER_CONFIG   the reward-server config (/etc/reward-server/config.yaml)
@@ -46,9 +46,13 @@ need_ray_token() {
 }
 
 need_head_address() {
+    # ray up sets RAY_HEAD_IP on worker nodes; KubeRay pods get RAY_HEAD_ADDRESS from the manifest
+    if [[ -z "${RAY_HEAD_ADDRESS:-}" && -n "${RAY_HEAD_IP:-}" ]]; then
+        RAY_HEAD_ADDRESS="$RAY_HEAD_IP:${RAY_PORT:-6379}"
+    fi
     if [[ -z "${RAY_HEAD_ADDRESS:-}" ]]; then
         echo "error: deploy/commands.sh $1: set RAY_HEAD_ADDRESS to the head's GCS host:port" \
-             "(ray up: \$RAY_HEAD_IP:6379; KubeRay: reward-server-head-svc:6379)" >&2
+             "(ray up sets RAY_HEAD_IP, the port is RAY_PORT, 6379; KubeRay: reward-server-head-svc:6379)" >&2
         exit 2
     fi
 }
