@@ -337,6 +337,8 @@ def test_the_rayjob_entrypoint_trains_one_trl_step_against_the_ingresses(
               "--prompts-per-step", "1", "--num-generations", "2", "--max-completion-length", "8"]
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
     runtime_env["working_dir"] = str(ROOT)
+    # a worktree's .venv may be a symlink, which .gitignore's `.venv/` does not match
+    runtime_env["excludes"] = [".venv", ".venv-vllm"]
     runtime_env["env_vars"]["REWARD_SERVER_ADDRESS"] = targets
     cmd = ["ray", "job", "submit", "--address", cluster.dashboard,
            "--runtime-env-json", json.dumps(runtime_env), "--", *entry]
