@@ -21,7 +21,8 @@ and worker start lines (``deploy/commands.sh head``, ``serve-deploy``, ``ingress
   gets its own ``--temp-dir`` and free ports (appended flags; ``ray start`` takes the last),
   ``RAY_PORT``, ``RAY_HEAD_IP`` (what ``ray up`` sets on workers), ``RAY_HEAD_ADDRESS`` (the
   KubeRay manifest's Service name becomes 127.0.0.1), and the ingresses listen on 127.0.0.1 at
-  free ports (``REWARD_SERVER_HOST`` / ``REWARD_SERVER_PORT``, ``REWARD_SERVER__SERVER__*``); an
+  ports the OS picks (``REWARD_SERVER_HOST`` / ``REWARD_SERVER_PORT``, ``REWARD_SERVER__SERVER__*``
+  at 0, read back from their logs); an
   ingress on a node that is not the head is told its node (``serving.ray.node_temp_dir``,
   several nodes on one host); ``nohup ... &`` runs in the foreground so the test holds it;
 - the trainer: the RayJob's entrypoint with ``--engine trl`` (verl needs GPUs) and the local
@@ -242,16 +243,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             line_calling(up["head_start_ray_commands"], "serve-deploy"))], env, logs)
         assert deploy.proc.wait(120) == 0, deploy.tail()
         # an ingress per node: ray up's (head, worker) and KubeRay's ingress pod (its own node)
-        ports = free_ports(9)
+        # port 0: each picks a free port and logs it (no race with the ports Ray's processes take)
+        any_port = {"REWARD_SERVER_PORT": "0", "REWARD_SERVER__SERVER__HTTP__PORT": "0",
+                    "REWARD_SERVER__SERVER__METRICS_PORT": "0", "RAY_ADDRESS": f"127.0.0.1:{gcs}"}
         ingress_env = [
-            {"REWARD_SERVER_PORT": str(ports[0]), "REWARD_SERVER__SERVER__HTTP__PORT": str(ports[1]),
-             "REWARD_SERVER__SERVER__METRICS_PORT": str(ports[2]), "RAY_ADDRESS": f"127.0.0.1:{gcs}"},
-            {"REWARD_SERVER_PORT": str(ports[3]), "REWARD_SERVER__SERVER__HTTP__PORT": str(ports[4]),
-             "REWARD_SERVER__SERVER__METRICS_PORT": str(ports[5]), "RAY_ADDRESS": f"127.0.0.1:{gcs}",
-             "REWARD_SERVER__SERVING__RAY__NODE_TEMP_DIR": str(worker_dir)},
-            {"REWARD_SERVER_PORT": str(ports[6]), "REWARD_SERVER__SERVER__HTTP__PORT": str(ports[7]),
-             "REWARD_SERVER__SERVER__METRICS_PORT": str(ports[8]), "RAY_ADDRESS": f"127.0.0.1:{gcs}",
-             "REWARD_SERVER__SERVING__RAY__NODE_TEMP_DIR": str(pod_dir),
+            any_port,
+            {**any_port, "REWARD_SERVER__SERVING__RAY__NODE_TEMP_DIR": str(worker_dir)},
+            {**any_port, "REWARD_SERVER__SERVING__RAY__NODE_TEMP_DIR": str(pod_dir),
              "RAY_HEAD_ADDRESS": f"127.0.0.1:{gcs}",  # the manifest's reward-server-head-svc:6379
              # KubeRay: the token as a value from the Secret, not a file
              "RAY_AUTH_TOKEN": ray_token.read_text(), "RAY_AUTH_TOKEN_PATH": ""},
@@ -268,9 +266,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                   pod_env, logs),
         ]
         ingresses = []
-        for p, e in zip(procs, ingress_env, strict=True):
-            m = wait_for(p, r"^listening on (\S+)$", 300)
-            ingresses.append((m.group(1), int(e["REWARD_SERVER__SERVER__HTTP__PORT"])))
+        for p in procs:
+            grpc = wait_for(p, r"^listening on (\S+)$", 300).group(1)
+            http = wait_for(p, r"HTTP/JSON door on http://127\.0\.0\.1:(\d+)", 10).group(1)
+            ingresses.append((grpc, int(http)))
         yield Cluster(env, f"http://127.0.0.1:{dash}", ingresses, server_token, procs)
     finally:
         for p in procs:

@@ -65,24 +65,28 @@ def test_a_replica_no_node_can_hold_ends_serve_at_once(tmp_path: Path) -> None:
     assert "GPU: needs 1, cluster has 0" in line and "serving.ray.judge.num_gpus" in line, line
 
 
-def raising(settings: JudgeSettings) -> JudgeEngine:
-    raise RuntimeError(f"engine {settings.kind} crashed at start: CUDA error: out of memory")
+def crashing(how: str) -> Any:
+    """A replica-side judge factory that fails at start (a closure: pickled by value, as the
+    replica cannot import this test module)."""
 
+    def make(settings: JudgeSettings) -> JudgeEngine:
+        if how == "raise":
+            raise RuntimeError(f"engine {settings.kind} crashed at start: CUDA error: out of memory")
+        os._exit(3)  # the replica's process dies while its engine starts
 
-def exiting(settings: JudgeSettings) -> JudgeEngine:
-    os._exit(3)  # the replica's process dies while its engine starts
+    return make
 
 
 @pytest.mark.parametrize(("factory", "cause"), [
-    (raising, r"RuntimeError: engine fake crashed at start: CUDA error: out of memory"),
-    (exiting, r"(?i)actor|died|exit"),
+    ("raise", r"RuntimeError: engine fake crashed at start: CUDA error: out of memory"),
+    ("exit", r"(?i)actor|died|exit"),
 ])
 def test_an_engine_that_crashes_at_start_is_named_with_its_exception(
         ray_session: Any, kit: Any, factory: Any, cause: str) -> None:
     config = kit.config("t-crash")
     start = time.monotonic()
     with pytest.raises(BackendUnavailable) as e:
-        kit.start(config, judge_factory=factory, nli_factory=kit.nli_factory())
+        kit.start(config, judge_factory=crashing(factory), nli_factory=kit.nli_factory())
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("Serve deployment t-crash-judge/JudgeDeployment (model fake-judge) "
