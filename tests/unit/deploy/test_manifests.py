@@ -118,6 +118,12 @@ def test_cluster_reward_server_config_loads_and_attaches() -> None:
 
 def test_cpu_local_config_loads() -> None:
     config = load_config(DEPLOY / "cpu_local.yaml", env={})
+    # offline: its judge replicas never wait on the Hugging Face hub's retries
+    opts = config.serving.ray.judge.deployment_options(max_items=8)
+    DeploymentSchema.model_validate({"name": "X", **opts})
+    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {"HF_HUB_OFFLINE": "1"}}
+    assert "runtime_env" not in RaySettings.model_validate({}).judge.deployment_options(
+        max_items=8)["ray_actor_options"]
     assert config.engines.judge is not None and config.engines.judge.kind == "transformers"
     assert config.engines.nli is not None and config.engines.nli.kind == "judge"
     assert config.serving.mode == "ray" and not config.engines.fake
