@@ -288,7 +288,7 @@ def test_ingress_per_node_answers_health_and_score_with_both_tokens(cluster: Clu
     for target in targets:
         health = subprocess.run([sys.executable, "-m", "reward_server", "health", "--target", target],
                                 env=cluster.env, capture_output=True, text=True, timeout=60)
-        assert health.stdout.strip() == "SERVING", health.stderr
+        assert health.stdout.strip() == "SERVING", health.stdout + health.stderr
 
     async def score(target: str, token: str | None) -> list[d.ItemResult]:
         async with AsyncRewardClient(target, token=token, timeout_s=30) as c:
@@ -309,6 +309,10 @@ def test_ingress_per_node_answers_health_and_score_with_both_tokens(cluster: Clu
     with urllib.request.urlopen(req, timeout=30) as r:
         answer = json.loads(r.read())
     assert answer["results"][0]["id"] == "h" and answer["results"][0]["status"] == "ITEM_STATUS_OK", answer
+    time.sleep(3)  # a few of the health watcher's rounds (server.health_poll_s = 1 s)
+    for p in cluster.procs:  # health never flapped (Serve's status calls raced across threads)
+        text = p.log.read_text(errors="replace")
+        assert "NOT_SERVING" not in text and "pickle by value" not in text, p.tail()
 
 
 def test_the_rayjob_entrypoint_trains_one_trl_step_against_the_ingresses(

@@ -334,9 +334,9 @@ def start_ray_engines(
             nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=settings.nli.max_replicas)
     except BaseException:
         if owns_ray:  # Ray goes with this process: its applications with it, no waiting
+            # for Serve's graceful shutdown of replicas that failed to start (seconds)
             logger.info("stopping the embedded local Ray (Serve applications: %s)",
                         ", ".join(deployed) or "none")
-            _blocking(serve.shutdown)
             ray.shutdown()
         else:
             _leave_apps(deployed, [], settings, owns_ray=False)

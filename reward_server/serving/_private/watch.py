@@ -198,7 +198,10 @@ def serve_details() -> Mapping[str, Any]:
     """The controller's per-application details (``ServeInstanceDetails.applications``)."""
     from ray.serve.context import _get_global_client
 
-    raw: Mapping[str, Any] = _get_global_client().get_serve_details()
+    from reward_server.serving._private.adapters import SERVE_STATUS_LOCK
+
+    with SERVE_STATUS_LOCK:  # see SERVE_STATUS_LOCK: Serve's status calls are not thread-safe
+        raw: Mapping[str, Any] = _get_global_client().get_serve_details()
     apps: Mapping[str, Any] = raw.get("applications") or {}
     return apps
 
