@@ -234,7 +234,9 @@ def wait_apps_running(
             return
         if now - start >= timeout_s:
             last = "; ".join(line for line, _ in watcher.shown.values())
+            hint = ("; deploy them (deploy/commands.sh serve-deploy, the RayService) or set "
+                    "serving.ray.deploy=true" if "not created yet" in last else "")
             raise BackendUnavailable(
                 f"Serve applications not RUNNING after {timeout_s:.0f}s (serving.ray."
-                f"ready_timeout_s): {last}")
+                f"ready_timeout_s): {last}{hint}")
         time.sleep(poll_s)

@@ -121,3 +121,9 @@ def test_on_a_cluster_a_shortfall_is_waited_for_until_the_timeout(
     with pytest.raises(BackendUnavailable, match=r"not RUNNING after 0s.*0 of 1 replicas up"):
         run(details, placement="wait", timeout_s=0.0)
     assert any("waits for resources" in r.getMessage() for r in caplog.records)
+
+
+def test_an_attached_ingress_without_applications_says_how_to_deploy_them() -> None:
+    with pytest.raises(BackendUnavailable, match=r"not created yet; deploy them \(deploy/commands"
+                       r"\.sh serve-deploy, the RayService\) or set serving\.ray\.deploy=true"):
+        run(Sequence({}), fail_fast=False, placement="wait", timeout_s=0.0)
