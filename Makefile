@@ -10,7 +10,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= server,eval,trl,deepspeed,train,dev
 
-.PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench gpu-kit gpu-check clean
+.PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench gpu-kit gpu-check clean \
+	image image-train image-push images-check images-set
 
 venv: $(VENV)/.installed
 
@@ -73,6 +74,27 @@ gpu-kit:
 
 gpu-check:
 	scripts/gpu_check.sh
+
+# The two images (deploy/Dockerfile) and the manifests that name them: change IMAGE here or on
+# the command line (make image IMAGE=registry/reward-server:1.0), nowhere else. Without a working
+# docker or podman the build/push targets say so and do nothing.
+IMAGE ?= ghcr.io/example/reward-server:0.1.0
+IMAGE_TRAIN ?= $(IMAGE)-train
+
+image:
+	deploy/images.sh build "$(IMAGE)" server,gpu
+
+image-train:
+	deploy/images.sh build "$(IMAGE_TRAIN)" train,rollout,trl
+
+image-push:
+	deploy/images.sh push "$(IMAGE)" "$(IMAGE_TRAIN)"
+
+images-check:
+	deploy/images.sh check "$(IMAGE)" "$(IMAGE_TRAIN)"
+
+images-set:
+	deploy/images.sh set "$(IMAGE)" "$(IMAGE_TRAIN)"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache

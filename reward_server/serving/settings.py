@@ -63,6 +63,12 @@ class DeploymentSettings(BaseModel):
     graceful_shutdown_timeout_s: float = Field(
         20.0, ge=0.0, description="How long a stopping replica may finish in-flight batches."
     )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables of this deployment's replicas "
+        "(Ray runtime_env env_vars), e.g. HF_HUB_OFFLINE: '1' on a machine without internet: a "
+        "model name that is not local then fails at once, instead of after the Hugging Face "
+        "hub's retries (about 25 s per file it asks for)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> DeploymentSettings:
@@ -102,7 +108,10 @@ class DeploymentSettings(BaseModel):
             "autoscaling_config": self.autoscaling_config(),
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,
-            "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+            "ray_actor_options": {
+                "num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
+                **({"runtime_env": {"env_vars": dict(self.env_vars)}} if self.env_vars else {}),
+            },
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,

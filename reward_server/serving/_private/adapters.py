@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -53,9 +54,19 @@ _TOKEN_WAIT_S = 0.002  # as engines.<kind>.batching.wait_ms's default
 _HEALTH_TTL_S = 1.0
 
 
+# Ray 2.60's Serve status calls are not thread-safe: reading an application's autoscaling
+# config registers, pickles and unregisters its policy module in cloudpickle's global set
+# (ray.serve.config.AutoscalingPolicy.serialize_policy), so two threads asking at once (the
+# judge's and the NLI's health probes) fail with "ValueError: <module
+# 'ray.serve.autoscaling_policy'> is not registered for pickle by value"; seen with
+# applications deployed by `serve deploy`. Every status call of this process takes this lock.
+SERVE_STATUS_LOCK = threading.Lock()
+
+
 def replica_counts(app: str) -> dict[str, int]:
     """Replicas of one Serve application's deployments by state (a blocking Serve call)."""
-    apps = serve.status().applications
+    with SERVE_STATUS_LOCK:
+        apps = serve.status().applications
     counts: dict[str, int] = {}
     if app not in apps:
         return counts

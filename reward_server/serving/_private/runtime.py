@@ -18,13 +18,15 @@ from typing import Any, Literal, TypeVar
 
 import ray
 from ray import serve
+from ray.serve.api import RunTarget
 from ray.serve.handle import DeploymentHandle
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.settings import EnginesSettings, JudgeNLISettings
-from reward_server.errors import BackendUnavailable, ConfigError
+from reward_server.errors import ConfigError
 from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayNLI, replica_counts
 from reward_server.serving._private.deployments import JudgeDeployment, NLIDeployment
+from reward_server.serving._private.watch import AppWatch, wait_apps_running
 from reward_server.serving.batching import BatchedJudge, BatchedNLI
 from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory
 from reward_server.serving.ray_cluster import SINGLE_NODE_ENV, check_cluster, is_loopback
@@ -70,24 +72,6 @@ def _blocking(fn: Callable[[], T]) -> T:
     """Run a blocking Ray call off the current thread (it may host a running event loop)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(fn).result()
-
-
-def _wait_running(app: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    status = "absent"
-    while time.monotonic() < deadline:
-        apps = serve.status().applications
-        if app in apps:
-            status = str(apps[app].status)
-            if status.endswith("RUNNING"):
-                return
-            if status.endswith("DEPLOY_FAILED"):
-                break
-        time.sleep(0.5)
-    raise BackendUnavailable(
-        f"Serve application {app!r} is {status}, not RUNNING, after {timeout_s}s; deploy it "
-        "(deploy/serve_config.yaml) or set serving.ray.deploy=true"
-    )
 
 
 def _delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
@@ -259,16 +243,31 @@ def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
     return True, False
 
 
-def _deploy_or_attach(
-    app: Any, name: str, settings: RaySettings, deployed: list[str]
-) -> DeploymentHandle[Any]:
-    if settings.deploy:
-        logger.info("deploying Serve application %s", name)
-        deployed.append(name)  # before serve.run: a failed deploy is cleaned up too
-        return _blocking(lambda: serve.run(app, name=name, route_prefix=None))
-    _blocking(lambda: _wait_running(name, settings.ready_timeout_s))
-    logger.info("attached to running Serve application %s", name)
-    return _blocking(lambda: serve.get_app_handle(name))
+def _deploy_and_wait(
+    apps: dict[str, Any], watches: list[AppWatch], settings: RaySettings, *, owns_ray: bool,
+    deployed: list[str],
+) -> dict[str, DeploymentHandle[Any]]:
+    """Deploy ``apps`` (name -> bound application; empty when attaching) together, wait until
+    all of ``watches`` are RUNNING with a progress line per change and a one-line failure
+    (:mod:`~reward_server.serving._private.watch`), and return a handle per application."""
+    if apps:
+        logger.info("deploying Serve applications %s", ", ".join(apps))
+        deployed += list(apps)  # before run_many: a failed deploy is cleaned up too
+        targets = [RunTarget(target=app, name=name, route_prefix=None) for name, app in apps.items()]
+        _blocking(lambda: serve.run_many(targets, wait_for_applications_running=False))
+    else:
+        logger.info("attaching to Serve applications %s (serving.ray.deploy=false)",
+                    ", ".join(w.app for w in watches))
+    _blocking(lambda: wait_apps_running(
+        watches, timeout_s=settings.ready_timeout_s, fail_fast=bool(apps),
+        placement="fail" if owns_ray else "wait"))
+    names = [w.app for w in watches]
+    return _blocking(lambda: {name: serve.get_app_handle(name) for name in names})
+
+
+def _model_of(engine: Any) -> str:
+    """What the user named as the engine's model (a fake names its model_id)."""
+    return str(getattr(engine, "model", None) or getattr(engine, "model_id", None) or engine.kind)
 
 
 def _caller(handle: DeploymentHandle[Any], kind: Kind, settings: RaySettings) -> HandleCaller:
@@ -297,14 +296,20 @@ def start_ray_engines(
     assert engines.judge is not None and engines.nli is not None  # checked by start_engines
     owns_ray, connected = _ensure_ray(settings)
     deployed: list[str] = []
+    judge_as_nli = isinstance(engines.nli, JudgeNLISettings)
+    judge_name, nli_name = settings.app_name("judge"), settings.app_name("nli")
+    watches = [AppWatch(judge_name, _model_of(engines.judge), "judge")]
+    if not judge_as_nli:
+        watches.append(AppWatch(nli_name, _model_of(engines.nli), "nli"))
     try:
+        apps: dict[str, Any] = {}
         if settings.deploy:
             _blocking(lambda: serve.start(proxy_location="Disabled"))
-        app = (
-            judge_application(engines, settings, engine_factory=judge_factory)
-            if settings.deploy else None
-        )
-        handle = _deploy_or_attach(app, settings.app_name("judge"), settings, deployed)
+            apps[judge_name] = judge_application(engines, settings, engine_factory=judge_factory)
+            if not judge_as_nli:
+                apps[nli_name] = nli_application(engines, settings, engine_factory=nli_factory)
+        handles = _deploy_and_wait(apps, watches, settings, owns_ray=owns_ray, deployed=deployed)
+        handle = handles[judge_name]
         ray_judge = RayJudge(
             _caller(handle, "judge", settings),
             model_id=str(_info(handle, settings.ready_timeout_s)["model_id"]),
@@ -319,11 +324,7 @@ def start_ray_engines(
 
             nli = build_nli(engines.nli, judge=judge)
         else:
-            app = (
-                nli_application(engines, settings, engine_factory=nli_factory)
-                if settings.deploy else None
-            )
-            handle = _deploy_or_attach(app, settings.app_name("nli"), settings, deployed)
+            handle = handles[nli_name]
             info = _info(handle, settings.ready_timeout_s)
             ray_nli = RayNLI(
                 _caller(handle, "nli", settings),
@@ -332,10 +333,13 @@ def start_ray_engines(
             )
             nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=settings.nli.max_replicas)
     except BaseException:
-        _leave_apps(deployed, [], settings, owns_ray=owns_ray)
-        if owns_ray:
-            _blocking(serve.shutdown)
+        if owns_ray:  # Ray goes with this process: its applications with it, no waiting
+            # for Serve's graceful shutdown of replicas that failed to start (seconds)
+            logger.info("stopping the embedded local Ray (Serve applications: %s)",
+                        ", ".join(deployed) or "none")
             ray.shutdown()
+        else:
+            _leave_apps(deployed, [], settings, owns_ray=False)
         raise
     return RayEngines(
         judge=judge,

@@ -40,7 +40,9 @@ def verl_extra(name: str) -> dict[str, Requirement]:
 
 def test_the_dockerfile_builds_the_images_these_tests_resolve() -> None:
     assert 'ARG EXTRAS=server,gpu' in DOCKERFILE
-    assert "--build-arg EXTRAS=train,rollout,trl" in DOCKERFILE
+    makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text()
+    assert 'deploy/images.sh build "$(IMAGE)" server,gpu' in makefile
+    assert 'deploy/images.sh build "$(IMAGE_TRAIN)" train,rollout,trl' in makefile
 
 
 def test_the_rollout_extra_pins_the_vllm_verl_is_built_for() -> None:

@@ -20,8 +20,11 @@ from reward_server import app as serve_app
 from reward_server.config import load_config
 from reward_server.serving.settings import DeploymentSettings, RaySettings
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
 GRPC_PORT = 50051
+HTTP_PORT = 8080
+INSTALL_ROOT = "/home/ray/reward-server"  # deploy/Dockerfile's WORKDIR
 
 
 def _yaml(name: str) -> Any:
@@ -101,7 +104,7 @@ def test_ray_cluster_yaml_matches_rays_autoscaler_schema() -> None:
     assert all(0 <= t["min_workers"] <= t["max_workers"] for t in gpu_groups)
     assert sum(t["max_workers"] for t in gpu_groups) <= raw["max_workers"]
     assert raw["idle_timeout_minutes"] > 0
-    assert any("ray start --head" in c for c in raw["head_start_ray_commands"])
+    assert any("deploy/commands.sh head" in c for c in raw["head_start_ray_commands"])
 
 
 def test_cluster_reward_server_config_loads_and_attaches() -> None:
@@ -115,6 +118,12 @@ def test_cluster_reward_server_config_loads_and_attaches() -> None:
 
 def test_cpu_local_config_loads() -> None:
     config = load_config(DEPLOY / "cpu_local.yaml", env={})
+    # offline: its judge replicas never wait on the Hugging Face hub's retries
+    opts = config.serving.ray.judge.deployment_options(max_items=8)
+    DeploymentSchema.model_validate({"name": "X", **opts})
+    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {"HF_HUB_OFFLINE": "1"}}
+    assert "runtime_env" not in RaySettings.model_validate({}).judge.deployment_options(
+        max_items=8)["ray_actor_options"]
     assert config.engines.judge is not None and config.engines.judge.kind == "transformers"
     assert config.engines.nli is not None and config.engines.nli.kind == "judge"
     assert config.serving.mode == "ray" and not config.engines.fake
@@ -149,9 +158,13 @@ def test_rayservice_embeds_the_serve_config_and_exposes_grpc() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["grpc"] == GRPC_PORT
     assert container["readinessProbe"]["grpc"]["port"] == GRPC_PORT  # grpc.health.v1
-    script = " ".join(container["args"])
-    assert "ray start --address=reward-server-head-svc:6379 --num-cpus=0" in script
-    assert re.search(r"reward-server serve --config /etc/reward-server/config.yaml", script)
+    # the ingress pod's command is written once, in deploy/commands.sh
+    assert container["command"] == [f"{INSTALL_ROOT}/deploy/commands.sh", "ingress-node"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["RAY_HEAD_ADDRESS"]["value"] == "reward-server-head-svc:6379"
+    assert "reward-server-head-svc" not in {s["metadata"]["name"] for s in docs["Service"]}
+    assert ports["http"] == load_config(DEPLOY / "reward_server_config.yaml", env={}).server.http.port
+    assert container["startupProbe"]["grpc"]["port"] == GRPC_PORT
     assert pod["terminationGracePeriodSeconds"] > load_config(env={}).server.grace_period_s
     labels = ingress["spec"]["template"]["metadata"]["labels"]
     assert ingress["spec"]["selector"]["matchLabels"] == labels
@@ -198,8 +211,180 @@ def test_dockerfile_matches_ray_and_exposes_grpc() -> None:
     image = re.search(r"^ARG RAY_IMAGE=(\S+)$", text, re.M)
     assert image and image.group(1).startswith(f"rayproject/ray:{ray.__version__}-")
     assert re.search(rf"^EXPOSE .*\b{GRPC_PORT}\b", text, re.M)
+    assert re.search(rf"^EXPOSE .*\b{HTTP_PORT}\b", text, re.M)  # the HTTP door
+    assert re.search(rf"^WORKDIR {INSTALL_ROOT}$", text, re.M)
     for src in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", text, re.M):
         for path in src.split():
             assert (DEPLOY.parent / path).exists(), path
     cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))  # type: ignore[union-attr]
-    assert cmd[:2] == ["reward-server", "serve"]
+    assert cmd == [f"{INSTALL_ROOT}/deploy/commands.sh", "ingress"]  # written once, there
+
+
+# ------------------------------------------------------------------ tokens in every manifest
+RAY_SECRET = {"name": "ray-auth-token", "key": "auth_token"}  # KubeRay authOptions' key
+SERVER_SECRET = {"name": "reward-server-token", "key": "token"}
+
+
+def _containers(doc: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(where, container) for every container anywhere in a manifest document."""
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "containers" and isinstance(v, list):
+                    found.extend((f"{where}.{c['name']}", c) for c in v)
+                else:
+                    walk(v, f"{where}.{k}")
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, where)
+
+    walk(doc, doc["kind"])
+    return found
+
+
+def _secret_env(container: dict[str, Any], name: str) -> dict[str, str] | None:
+    for e in container.get("env", []):
+        if e["name"] == name:
+            ref: dict[str, str] | None = e.get("valueFrom", {}).get("secretKeyRef")
+            return ref
+    return None
+
+
+def _plain_env(container: dict[str, Any], name: str) -> str | None:
+    return next((e.get("value") for e in container.get("env", []) if e["name"] == name), None)
+
+
+def _kube_docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for name in ("kuberay/rayservice.yaml", "kuberay/rayjob.yaml"):
+        docs += list(yaml.safe_load_all((DEPLOY / name).read_text()))
+    return docs
+
+
+def test_every_kuberay_container_joins_ray_with_the_token_from_one_secret() -> None:
+    """Head, GPU workers, ingress pods, the RayJob's cluster and its submitter: Ray token auth
+    on, the token from the same Secret (and the operator told of it by authOptions)."""
+    containers = [c for d in _kube_docs() for c in _containers(d)]
+    assert len(containers) == 7, [w for w, _ in containers]
+    for where, c in containers:
+        assert _plain_env(c, "RAY_AUTH_MODE") == "token", where
+        ref = _secret_env(c, "RAY_AUTH_TOKEN")
+        assert ref is not None and {k: ref[k] for k in ("name", "key")} == RAY_SECRET, where
+        assert ref.get("optional") is not True, where
+    clusters = [d["spec"]["rayClusterConfig"] if d["kind"] == "RayService" else d["spec"]["rayClusterSpec"]
+                for d in _kube_docs() if d["kind"] in ("RayService", "RayJob")]
+    assert len(clusters) == 2
+    for cluster in clusters:
+        assert cluster["authOptions"] == {"mode": "token", "secretName": RAY_SECRET["name"]}
+
+
+def test_the_server_token_comes_from_one_secret_for_the_ingress_and_the_trainer() -> None:
+    by_where = {w: c for d in _kube_docs() for w, c in _containers(d)}
+    ingress = by_where["Deployment.spec.template.spec.ingress"]
+    trainer = [c for w, c in by_where.items() if w.startswith("RayJob.spec.rayClusterSpec")]
+    assert len(trainer) == 2  # the driver runs on the head; reward calls also from workers
+    for c in [ingress, *trainer]:
+        ref = _secret_env(c, "REWARD_SERVER_TOKEN")
+        assert ref is not None and {k: ref[k] for k in ("name", "key")} == SERVER_SECRET, c["name"]
+        assert ref.get("optional") is not True  # auth on: a missing Secret stops the pod
+    for w, c in by_where.items():  # nothing else holds the server's token
+        if c is not ingress and c not in trainer:
+            assert _secret_env(c, "REWARD_SERVER_TOKEN") is None, w
+
+
+def test_ray_up_syncs_both_tokens_to_every_node_and_turns_token_auth_on() -> None:
+    raw = _yaml("ray_cluster.yaml")
+    opts = " ".join(raw["docker"]["run_options"])
+    env = dict(re.findall(r"--env (\w+)=(\S+)", opts))
+    assert env["RAY_AUTH_MODE"] == "token"
+    mounts = raw["file_mounts"]
+    assert mounts[env["RAY_AUTH_TOKEN_PATH"]] == "~/.ray/auth_token"  # where `ray get-auth-token` writes
+    assert env["REWARD_SERVER_TOKEN_FILE"] in mounts
+    assert mounts["/etc/reward-server/config.yaml"] == "./deploy/reward_server_config.yaml"
+    assert mounts[f"{INSTALL_ROOT}/deploy"] == "./deploy"
+
+
+def _commands_sh_calls(lines: list[str]) -> list[str]:
+    return re.findall(r"deploy/commands\.sh (\S+)", " ".join(lines))
+
+
+def test_every_cluster_command_is_written_once_in_commands_sh() -> None:
+    raw = _yaml("ray_cluster.yaml")
+    assert _commands_sh_calls(raw["head_start_ray_commands"]) == ["head", "serve-deploy", "ingress"]
+    assert _commands_sh_calls(raw["worker_start_ray_commands"]) == ["worker", "ingress"]
+    for line in raw["head_start_ray_commands"] + raw["worker_start_ray_commands"]:
+        assert "ray start" not in line and "reward-server serve" not in line, line
+    text = (DEPLOY / "commands.sh").read_text()
+    for sub in ("head", "worker", "serve-deploy", "ingress", "ingress-node"):
+        assert re.search(rf"^    {sub}\)$", text, re.M), sub
+    assert "--config \"$REWARD_SERVER_CONFIG\"" in text
+    assert 'REWARD_SERVER_CONFIG="${REWARD_SERVER_CONFIG:-/etc/reward-server/config.yaml}"' in text
+
+
+def _commands_env() -> dict[str, str]:
+    import os
+
+    return {"PATH": os.environ["PATH"], "HOME": "/nonexistent"}
+
+
+def test_commands_refuse_to_start_without_a_ray_token() -> None:
+    import subprocess
+
+    for sub in ("head", "worker", "serve-deploy", "ingress", "ingress-node"):
+        proc = subprocess.run([str(DEPLOY / "commands.sh"), sub], env=_commands_env(),
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2, (sub, proc.stderr)
+        assert "RAY_AUTH_TOKEN" in proc.stderr and "ray-auth-token" in proc.stderr, proc.stderr
+
+
+def test_worker_commands_say_which_head_when_none_is_given(tmp_path: Path) -> None:
+    import subprocess
+
+    token = tmp_path / "t"
+    token.write_text("0" * 64)
+    for sub in ("worker", "ingress-node"):
+        proc = subprocess.run([str(DEPLOY / "commands.sh"), sub],
+                              env={**_commands_env(), "RAY_AUTH_TOKEN_PATH": str(token)},
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and "RAY_HEAD_ADDRESS" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ images: one name each
+def _make_default(var: str) -> str:
+    m = re.search(rf"^{var} \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert m, var
+    return m.group(1)
+
+
+def test_manifests_name_the_makefiles_images() -> None:
+    import subprocess
+
+    image = _make_default("IMAGE")
+    assert _make_default("IMAGE_TRAIN") == "$(IMAGE)-train"
+    proc = subprocess.run([str(DEPLOY / "images.sh"), "check", image, f"{image}-train"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_images_set_rewrites_every_manifest_and_check_then_passes(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    script = copy / "images.sh"
+    new, new_train = "registry.example/me/rs:2", "registry.example/me/rs:2-train"
+    bad = subprocess.run([str(script), "check", new, new_train], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 1 and "rayjob.yaml: image" in bad.stderr
+    done = subprocess.run([str(script), "set", new, new_train], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    (job,) = [d for d in yaml.safe_load_all((copy / "kuberay/rayjob.yaml").read_text())]
+    assert {c["image"] for _, c in _containers(job)} == {new_train}
+    assert yaml.safe_load((copy / "ray_cluster.yaml").read_text())["docker"]["image"] == new
+    for doc in yaml.safe_load_all((copy / "kuberay/rayservice.yaml").read_text()):
+        if doc["kind"] in ("RayService", "Deployment"):
+            assert {c["image"] for _, c in _containers(doc)} == {new}
