@@ -254,6 +254,7 @@ class RewardServicer:
 
         items = await convert.score_items(
             raw, max_item_bytes=validator.limits.max_item_bytes,
+            max_items=validator.limits.max_batch_items,
             check_count=validator.batch_size, check_item=check, count=validator.count,
         )
         judgments = validator.total(judgments, "items")

@@ -152,6 +152,23 @@ async def _run_large_request(raw: bytes, lags: list[float], health: list[float])
     assert len(health) >= 3
 
 
+async def test_a_body_of_empty_items_is_refused_at_the_first_item_past_the_cap() -> None:
+    """8 MiB of empty ScoreItems (4 million on the wire): refused INVALID_ARGUMENT for item
+    1,025, the first past service.limits.max_batch_items, so the split stopped there instead of
+    walking the whole body (it used to take 11 s and 1.5 GB for 16 MiB, health timing out)."""
+    raw = b"\x0a\x00" * (4 << 20)
+    async with running_server() as r:
+        async with grpc.aio.insecure_channel(r.target) as ch, r.client() as probe:
+            try:
+                await ch.unary_unary(SCORE)(raw, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                assert e.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "1025 items exceed service.limits.max_batch_items=1024" in (e.details() or "")
+            else:
+                raise AssertionError("8 MiB of empty items were accepted")
+            assert await probe.health(timeout_s=5) == "SERVING"
+
+
 async def test_drain_under_load_loses_no_accepted_call() -> None:
     """Clients calling in a loop (without retries) while the server drains: every call is
     answered OK or UNAVAILABLE, and the calls in flight when the drain started finish. The one
