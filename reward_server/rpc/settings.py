@@ -81,6 +81,15 @@ class ServerSettings(_Frozen):
         1024, ge=1, description="Connections accepted at once; more are closed at once "
         "(grpc.max_allowed_incoming_connections). None: unlimited."
     )
+    max_unsent_response_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Response bytes held for peers that have not "
+        "read them yet, all connections together; a response past it is dropped and its call "
+        "answered RESOURCE_EXHAUSTED (see reward_server/rpc/unsent.py)."
+    )
+    max_unsent_response_bytes_per_connection: int = Field(
+        32 * 1024 * 1024, ge=1024, description="The same for one connection; past it that "
+        "connection's calls in flight are cancelled and new ones refused until it reads."
+    )
     keepalive_time_s: float = Field(
         60.0, gt=0.0, description="Ping each connection after this long without activity "
         "(grpc.keepalive_time_ms), so dead or non-reading peers are found ..."

@@ -199,3 +199,37 @@ async def test_drain_under_load_loses_no_accepted_call() -> None:
         await asyncio.gather(*loops)
     assert set(codes) <= {"OK", "UNAVAILABLE", "CANCELLED"} and codes["CANCELLED"] <= 1, codes
     assert codes["OK"] > before > 0 and codes["UNAVAILABLE"] > 0
+
+
+async def test_a_peer_that_does_not_read_holds_at_most_its_budget() -> None:
+    """A connection with a zero receive window asks for 24 responses it never reads: they are
+    held up to server.max_unsent_response_bytes_per_connection, past it the peer's calls are
+    refused (RESOURCE_EXHAUSTED) or cancelled, everyone else is served, and when it goes the
+    bytes held for it are released."""
+    budget = 5_000
+    raw = grpc_frame(encoded(rubric_items(8, 1)).SerializeToString())  # 24 fit the first window
+    async with running_server([f"server.max_unsent_response_bytes_per_connection={budget}"]) as r:
+        unsent = r.app.server.servicer.unsent
+        conn = await RawH2.open(r.port, window=0)
+        sids = [await conn.start_call(SCORE, body=raw, end=True) for _ in range(24)]
+        for _ in range(400):  # until the budget refused one
+            if unsent.refused:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        statuses = [await conn.grpc_status(sid, timeout_s=0.2) for sid in sids]
+        codes = collections.Counter(s[0] if s else None for s in statuses)
+        assert codes[RESOURCE_EXHAUSTED] >= 1, codes
+        assert codes[None] >= 1, codes  # some responses are held, unread
+        assert 0 < unsent.total <= 2 * budget, unsent.total  # one response past the first fits
+        assert any("server.max_unsent_response_bytes_per_connection" in s[1]
+                   for s in statuses if s and s[0] == RESOURCE_EXHAUSTED)
+        async with r.client(max_retries=0) as c:
+            assert (await c.score([GOOD], timeout_s=10.0))[0].status is d.ItemStatus.OK
+            assert await c.health(timeout_s=5.0) == "SERVING"
+        await conn.close()
+        for _ in range(200):
+            if not unsent.total:
+                break
+            await asyncio.sleep(0.05)
+        assert unsent.total == 0 and not unsent.by_peer
