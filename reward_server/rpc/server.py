@@ -177,6 +177,28 @@ def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
     return options
 
 
+FILES_BESIDES_CONNECTIONS = 512  # engines, logs, the HTTP door, metrics
+
+
+def _fit_open_files(max_connections: int | None) -> None:
+    """Raise the soft open-file limit so that ``max_connections`` sockets fit (a soft limit of
+    1,024, common, would stop accepting long before the cap)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = (max_connections or 65536) + FILES_BESIDES_CONNECTIONS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if new > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            logger.warning("the open-file limit (hard %d) holds fewer than server.max_connections="
+                           "%s connections; raise it (ulimit -n) or lower the setting",
+                           hard, max_connections)
+
+
 def create_server(
     settings: ServerSettings, service: RewardService, *, health_probe: Probe | None = None
 ) -> tuple[RewardGrpcServer, int]:
@@ -185,6 +207,7 @@ def create_server(
     ``health_probe`` (``Engines.health``) drives grpc.health.v1; None: SERVING until drained.
     """
     s = settings
+    _fit_open_files(s.max_connections)
     interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
     if s.auth_token is not None:
         interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))

@@ -78,8 +78,11 @@ class ServerSettings(_Frozen):
         "queues the rest (grpc.max_concurrent_streams)."
     )
     max_connections: int | None = Field(
-        1024, ge=1, description="Connections accepted at once; more are closed at once "
-        "(grpc.max_allowed_incoming_connections). None: unlimited."
+        8192, ge=1, description="Connections accepted at once; more are closed at once "
+        "(grpc.max_allowed_incoming_connections). Connections that make no call are closed "
+        "after max_connection_idle_s, so a peer must open more than this many within that "
+        "time to lock anyone out; the process's open-file limit is raised to fit. None: "
+        "unlimited."
     )
     max_unsent_response_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Response bytes held for peers that have not "
@@ -103,8 +106,9 @@ class ServerSettings(_Frozen):
         "(grpc.http2.min_ping_interval_without_data_ms); more often is answered with GOAWAY."
     )
     max_connection_idle_s: float | None = Field(
-        300.0, gt=0.0, description="Close a connection with no call for this long "
-        "(grpc.max_connection_idle_ms, with GOAWAY: clients reconnect on demand). None: never."
+        15.0, gt=0.0, description="Close a connection with no call in flight for this long, "
+        "including one that never made a call (grpc.max_connection_idle_ms, with GOAWAY: gRPC "
+        "clients reconnect on their next call, transparently). None: never."
     )
     max_connection_age_s: float | None = Field(
         None, gt=0.0, description="Send GOAWAY to a connection this old, then give its calls "

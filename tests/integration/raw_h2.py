@@ -79,6 +79,27 @@ class RawH2:
         got = self.status[sid]
         return int(got[b"grpc-status"]), got.get(b"grpc-message", b"").decode()
 
+    async def wait_closed_by_peer(self, timeout_s: float) -> bool:
+        """Read (and answer pings) until the server closes the connection: True, or False when
+        ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (left := deadline - loop.time()) > 0:
+            try:
+                data = await asyncio.wait_for(self._reader.read(65536), left)
+            except TimeoutError:
+                return False
+            except ConnectionError:
+                return True
+            if not data:
+                return True
+            self._conn.receive_data(data)
+            try:
+                await self._flush()
+            except ConnectionError:
+                return True
+        return False
+
     async def close(self) -> None:
         self._writer.close()
         try:

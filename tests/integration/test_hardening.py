@@ -233,3 +233,19 @@ async def test_a_peer_that_does_not_read_holds_at_most_its_budget() -> None:
                 break
             await asyncio.sleep(0.05)
         assert unsent.total == 0 and not unsent.by_peer
+
+
+async def test_connections_that_never_call_are_closed_and_free_their_slots() -> None:
+    """8 connections (the cap) that send only the HTTP/2 preface and SETTINGS: closed after
+    server.max_connection_idle_s, after which a new client gets health and Score."""
+    async with running_server(["server.max_connections=8", "server.max_connection_idle_s=0.5"]) as r:
+        conns = [await RawH2.open(r.port) for _ in range(8)]
+        try:
+            closed = await asyncio.gather(*(c.wait_closed_by_peer(timeout_s=10.0) for c in conns))
+            assert all(closed), closed
+            async with r.client(max_retries=0) as c:
+                assert await c.health(timeout_s=5.0) == "SERVING"
+                assert (await c.score([GOOD], timeout_s=5.0))[0].status is d.ItemStatus.OK
+        finally:
+            for c in conns:
+                await c.close()
