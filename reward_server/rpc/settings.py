@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from reward_server.rpc.jsonlimits import MAX_DEPTH, MAX_VALUES
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -31,6 +33,22 @@ class HttpSettings(_Frozen):
         256 * 1024 * 1024, ge=1024, description="Largest JSON request body read; a larger one "
         "is refused (400) before it is read. The request it encodes must still fit "
         "server.max_message_bytes and service.limits."
+    )
+    max_json_depth: int = Field(
+        MAX_DEPTH, ge=2, description="Deepest nesting of a JSON body (and of an OpenRLHF "
+        "label); deeper is refused (400) before it is parsed."
+    )
+    max_json_values: int = Field(
+        MAX_VALUES, ge=16, description="Most JSON values (objects, arrays, members, elements) "
+        "a body may hold; more is refused (400) before any is built."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, description="A connection must send a request's headers this long after "
+        "it opened or its last answer; otherwise it is closed (idle connections hold no slot)."
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="Open HTTP connections; past it a request gets 503, except "
+        "GET /v1/health, which has HEALTH_RESERVE more connections of its own."
     )
     openrlhf_end_markers: tuple[str, ...] = Field(
         OPENRLHF_END_MARKERS, description="OpenRLHF route: special-token texts removed from the "
