@@ -35,7 +35,7 @@ from reward_server.rpc.auth import BearerTokenInterceptor
 from reward_server.rpc.health import HealthMonitor, Probe
 from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
-from reward_server.rpc.settings import ServerSettings
+from reward_server.rpc.settings import ServerSettings, host_port
 from reward_server.service import RewardService
 
 logger = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if s.reflection:
         enable_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
-    address = f"{s.host}:{s.port}"
+    address = host_port(s.host, s.port)
     creds = _credentials(s)
     try:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from reward_server.rpc.jsonlimits import MAX_DEPTH, MAX_VALUES
 
@@ -18,6 +18,18 @@ OPENRLHF_END_MARKERS = (
     "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<eos>",
     "</s>",
 )
+
+
+def unbracket(host: str | None) -> str | None:
+    """``[::1]`` -> ``::1``: an IPv6 address is kept bare and bracketed where a port follows."""
+    if host is not None and host.startswith("[") and host.endswith("]"):
+        return host[1:-1]
+    return host
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[::1]:50051``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class HttpSettings(_Frozen):
@@ -50,6 +62,7 @@ class HttpSettings(_Frozen):
         1024, ge=1, description="Open HTTP connections; past it a request gets 503, except "
         "GET /v1/health, which has HEALTH_RESERVE more connections of its own."
     )
+    _host = field_validator("host")(unbracket)
     openrlhf_end_markers: tuple[str, ...] = Field(
         OPENRLHF_END_MARKERS, description="OpenRLHF route: special-token texts removed from the "
         "end of a response (OpenRLHF decodes with skip_special_tokens=False, so the EOS token's "
@@ -73,7 +86,9 @@ class TracingSettings(_Frozen):
 class ServerSettings(_Frozen):
     """The gRPC ingress."""
 
-    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 for all interfaces.")
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 for all interfaces, "
+                      "::1 (or [::1]) for IPv6 loopback.")
+    _host = field_validator("host")(unbracket)
     port: int = Field(50051, ge=0, le=65535, description="Port to bind; 0 picks a free one.")
     max_message_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent."

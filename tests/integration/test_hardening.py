@@ -249,3 +249,13 @@ async def test_connections_that_never_call_are_closed_and_free_their_slots() -> 
         finally:
             for c in conns:
                 await c.close()
+
+
+async def test_ipv6_loopback_binds_bare_or_bracketed() -> None:
+    for host in ("::1", "[::1]"):
+        async with running_server([f"server.host={host}", "server.http.port=0"]) as r:
+            assert r.app.target == f"[::1]:{r.port}"
+            async with grpc.aio.insecure_channel(r.app.target) as ch:
+                reply = await ch.unary_unary(SCORE)(encoded([GOOD]).SerializeToString(), timeout=10)
+            assert pb.ScoreResponse.FromString(reply).results[0].id == "ok"
+            assert r.app.http is not None and r.app.http.host == "::1"
