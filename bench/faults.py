@@ -597,9 +597,11 @@ async def non_reading(s: Server, args: argparse.Namespace) -> None:
              ("1,024-item calls, responses never read", rubric_request(1024, 2))]
     for label, body in cases:
         async with phase(s, f"2. 30 non-reading clients, zero HTTP/2 window: {label}", settle_s=3.0) as p:
-            conns = [RawConn(s.port, window=0) for _ in range(30)]
+            conns = []
             frame = b"\x00" + len(body).to_bytes(4, "big") + body
-            for c in conns:
+            for _ in range(30):  # each opened just before its call (an idle one is closed)
+                c = RawConn(s.port, window=0)
+                conns.append(c)
                 sid = c.headers(token=True)
                 await asyncio.to_thread(c.send_body, sid, frame, end=True)
             # ... and never read again; the server's keepalive ping goes unanswered
