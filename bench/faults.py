@@ -49,6 +49,7 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 from _workload import pct
 
@@ -455,17 +456,21 @@ class RawConn:
     def send_body(self, sid: int, body: bytes, *, end: bool) -> None:
         """Send ``body`` as flow control allows, reading the server's frames meanwhile."""
         view = memoryview(body)
-        while view:
-            room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
-            if room <= 0:
-                self.pump(1.0)
-                continue
-            self.h2.send_data(sid, bytes(view[:room]))
-            view = view[room:]
-            self.sock.sendall(self.h2.data_to_send())
-        if end:
-            self.h2.end_stream(sid)
-            self.sock.sendall(self.h2.data_to_send())
+        try:
+            while view:
+                room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
+                if room <= 0:
+                    if not self.pump(1.0):
+                        return
+                    continue
+                self.h2.send_data(sid, bytes(view[:room]))
+                view = view[room:]
+                self.sock.sendall(self.h2.data_to_send())
+            if end:
+                self.h2.end_stream(sid)
+                self.sock.sendall(self.h2.data_to_send())
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, OSError):
+            return  # the server answered (refused) the call or closed the connection first
 
     def pump(self, timeout_s: float) -> bool:
         """Read and handle what arrives within ``timeout_s``; False once the peer closed."""
@@ -478,7 +483,11 @@ class RawConn:
             return False
         if not data:
             return False
-        for ev in self.h2.receive_data(data):
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            return False
+        for ev in events:
             if isinstance(ev, h2.events.ResponseReceived | h2.events.TrailersReceived):
                 hd = dict(ev.headers)
                 if b"grpc-status" in hd:
