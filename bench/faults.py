@@ -1,7 +1,13 @@
-"""Fault bench: the resource attacks of issue 11 against a real server on 127.0.0.1.
+"""Fault bench: the resource attacks of issues 11 and 26 against a real server on 127.0.0.1,
+at the server's DEFAULT settings (``--tuned``: issue 11's tuned ones).
 
-    flock /tmp/cpu-heavy.lock python bench/faults.py          # ~3 minutes on 2 cores
-    python bench/faults.py --limit 1024 --seconds 2 --fuzz 200
+    flock /tmp/cpu-heavy.lock python bench/faults.py          # defaults, ~5 minutes on 2 cores
+    flock /tmp/cpu-heavy.lock python bench/faults.py --tuned  # issue 11's settings
+    python bench/faults.py --tuned --limit 1024 --seconds 2 --fuzz 200
+
+Beside every attack a well-behaved client (:class:`Victim`) calls Score on a fresh connection
+every second; the table gives, per attack, health p99, the server's RSS before / peak / after,
+and that client's lost and misattributed calls and any INTERNAL answer.
 
 Each attack runs against a `reward-server serve` subprocess (fake engines that sleep
 ``--engine-latency`` per batch, standing in for a GPU's forward pass), bounded in count and time;
@@ -10,9 +16,9 @@ grpc.health.v1 every 20 ms throughout, and a sampler reads the server's RSS ever
 one table (attack -> outcome, health latency during it, RSS before/peak/after, served and refused
 calls with latencies), then the issue's "Done when" checks against it.
 
-The admission limit is set explicitly (``--limit`` judgments, 512 by default: what this
-ingress, CPU-bound on 2 cores, answers near its unloaded latency; the server's default sizing,
-64 batches of every engine's batching.max_items, assumes GPU engines). The standard call is
+With ``--tuned`` the admission limit is set explicitly (``--limit`` judgments, 512 by default:
+what this ingress, CPU-bound on 2 cores, answers near its unloaded latency); by default it is the
+server's own, read from Info. The standard call is
 32 items x 4 rules = 128 judgments, so the limit holds ``limit / 128`` such calls at once.
 Overload clients honour the server's ``grpc-retry-pushback-ms`` before retrying (gRFC A6).
 """
@@ -23,6 +29,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import json
 import os
 import random
 import select
@@ -32,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -41,6 +49,7 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 from _workload import pct
 
@@ -106,8 +115,10 @@ class Server:
         engines = (f"engines={{judge: {{kind: fake, latency_s: {engine_latency}}}, "
                    f"nli: {{kind: fake, latency_s: {engine_latency}}}}}")
         self.metrics_port = free_port()
+        self.http_port = free_port()
         cmd = [sys.executable, "-m", "reward_server", "serve", "--port", "0", "--set", engines,
-               "--set", f"server.metrics_port={self.metrics_port}"]
+               "--set", f"server.metrics_port={self.metrics_port}",
+               "--set", f"server.http.port={self.http_port}"]
         for o in overrides:
             cmd += ["--set", o]
         env = {k: v for k, v in os.environ.items() if not k.startswith("REWARD_SERVER")}
@@ -249,18 +260,92 @@ class Phase:
     rss: tuple[float, float, float] | None = None
     no_health: str = "no check in this short phase"
     server_refusal_p99: str = "-"
+    victim: collections.Counter[str] = field(default_factory=collections.Counter)
+    internal: int = 0  # INTERNAL answers seen by anyone in the phase (attack calls included)
 
 
 ROWS: list[Phase] = []
 
 
+class Victim:
+    """A well-behaved client beside every attack: one Score call of 4 items at a time, with
+    ids unique to the call, on a fresh connection every second (so a new client must get in),
+    honouring the pushback of a refusal. Counts per phase: ok, refused (RESOURCE_EXHAUSTED,
+    retried), lost (any other code: the call failed), misattributed (an OK answer whose result
+    ids are not the request's, in order), INTERNAL."""
+
+    def __init__(self, target: str, token: str | None) -> None:
+        self._target = target
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._n = 0
+        self._task: asyncio.Task[None] | None = None
+        self._since: float | None = None  # when the call in flight was sent
+
+    def start(self) -> None:
+        self.counts = collections.Counter()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> collections.Counter[str]:
+        assert self._task is not None
+        if self._since is not None and time.monotonic() - self._since > 1.0:
+            self.counts["lost"] += 1  # unanswered for over a second when the attack ended
+            self.counts["code stalled"] += 1
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return self.counts
+
+    def _request(self) -> tuple[bytes, list[str]]:
+        self._n += 1
+        ids = [f"v{self._n}-{k}" for k in range(4)]
+        return pb.ScoreRequest(items=[pb.ScoreItem(id=i, rubric_score=pb.RubricScore(
+            context="ctx", text=f"word{k} text", rules=['It says "word1".']))
+            for k, i in enumerate(ids)]).SerializeToString(), ids
+
+    async def _loop(self) -> None:
+        while True:
+            async with grpc.aio.insecure_channel(self._target) as ch:
+                call = ch.unary_unary(SCORE)
+                until = time.monotonic() + 1.0
+                while time.monotonic() < until:
+                    raw, ids = self._request()
+                    self._since = time.monotonic()
+                    try:
+                        reply = pb.ScoreResponse.FromString(
+                            await call(raw, timeout=30, metadata=self._metadata))
+                    except grpc.aio.AioRpcError as e:
+                        self._since = None
+                        code = e.code().name
+                        self.counts["refused" if code == "RESOURCE_EXHAUSTED" else "lost"] += 1
+                        self.counts[f"code {code}"] += 1
+                        if code == "INTERNAL":
+                            self.counts["INTERNAL"] += 1
+                        await asyncio.sleep(0.1)
+                        continue
+                    self._since = None
+                    if [r.id for r in reply.results] != ids:
+                        self.counts["misattributed"] += 1
+                    else:
+                        self.counts["ok"] += 1
+                    await asyncio.sleep(0.02)
+
+
+VICTIM: Victim | None = None
+
+
 @contextlib.asynccontextmanager
-async def phase(server: Server, name: str, settle_s: float = 0.5) -> AsyncIterator[Phase]:
+async def phase(server: Server, name: str, settle_s: float = 2.0) -> AsyncIterator[Phase]:
     p = Phase(name)
     await asyncio.sleep(0.2)
     before, t0 = server.rss_now(), time.monotonic()
+    if VICTIM is not None:
+        VICTIM.start()
     yield p
     t1 = time.monotonic()
+    if VICTIM is not None:
+        p.victim = await VICTIM.stop()
+    p.internal += p.codes.get("INTERNAL", 0) + p.victim.get("INTERNAL", 0)
     await asyncio.sleep(settle_s)
     peak = max((mb for t, mb in server.rss if t0 <= t <= t1 + settle_s), default=before)
     p.rss = (before, peak, server.rss_now())
@@ -276,17 +361,22 @@ def ms(xs: list[float], q: float) -> str:
 
 def print_table() -> None:
     print()
-    print("| attack | outcome | health p50 / p99 / max ms (n) | RSS MB before / peak / after "
-          "| served n, p50 / p99 ms | refused n, p50 / p99 ms |")
-    print("|---|---|---|---|---|---|")
+    print("| attack | outcome | health p99 ms (n) | RSS MB before / peak / after "
+          "| served n, p50 / p99 ms | refused n, p50 / p99 ms | victim ok / refused "
+          "| lost | misattributed | INTERNAL |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in ROWS:
         other = {k: v for k, v in p.health_status.items() if k != "SERVING"}
-        h = (f"{ms(p.health, .5)} / {ms(p.health, .99)} / {ms(p.health, 1.0)} ({len(p.health)}"
-             + (f"; {other}" if other else "") + ")") if p.health else p.no_health
+        h = (f"{ms(p.health, .99)} ({len(p.health)}" + (f"; {other}" if other else "") + ")"
+             if p.health else p.no_health)
         r = "{:.0f} / {:.0f} / {:.0f}".format(*p.rss) if p.rss else "n/a"
         s = f"{len(p.served)}, {ms(p.served, .5)} / {ms(p.served, .99)}"
         f = f"{len(p.refused)}, {ms(p.refused, .5)} / {ms(p.refused, .99)}"
-        print(f"| {p.name} | {p.outcome} | {h} | {r} | {s} | {f} |")
+        v = p.victim
+        lost_codes = {k[5:]: n for k, n in v.items() if k.startswith("code ") and k != "code RESOURCE_EXHAUSTED"}
+        lost = f"{v.get('lost', 0)}" + (f" {lost_codes}" if lost_codes else "")
+        print(f"| {p.name} | {p.outcome} | {h} | {r} | {s} | {f} | {v.get('ok', 0)} / "
+              f"{v.get('refused', 0)} | {lost} | {v.get('misattributed', 0)} | {p.internal} |")
 
 
 # ------------------------------------------------------------------ clients
@@ -366,17 +456,21 @@ class RawConn:
     def send_body(self, sid: int, body: bytes, *, end: bool) -> None:
         """Send ``body`` as flow control allows, reading the server's frames meanwhile."""
         view = memoryview(body)
-        while view:
-            room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
-            if room <= 0:
-                self.pump(1.0)
-                continue
-            self.h2.send_data(sid, bytes(view[:room]))
-            view = view[room:]
-            self.sock.sendall(self.h2.data_to_send())
-        if end:
-            self.h2.end_stream(sid)
-            self.sock.sendall(self.h2.data_to_send())
+        try:
+            while view:
+                room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
+                if room <= 0:
+                    if not self.pump(1.0):
+                        return
+                    continue
+                self.h2.send_data(sid, bytes(view[:room]))
+                view = view[room:]
+                self.sock.sendall(self.h2.data_to_send())
+            if end:
+                self.h2.end_stream(sid)
+                self.sock.sendall(self.h2.data_to_send())
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, OSError):
+            return  # the server answered (refused) the call or closed the connection first
 
     def pump(self, timeout_s: float) -> bool:
         """Read and handle what arrives within ``timeout_s``; False once the peer closed."""
@@ -389,7 +483,11 @@ class RawConn:
             return False
         if not data:
             return False
-        for ev in self.h2.receive_data(data):
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            return False
+        for ev in events:
             if isinstance(ev, h2.events.ResponseReceived | h2.events.TrailersReceived):
                 hd = dict(ev.headers)
                 if b"grpc-status" in hd:
@@ -508,15 +606,18 @@ async def non_reading(s: Server, args: argparse.Namespace) -> None:
              ("1,024-item calls, responses never read", rubric_request(1024, 2))]
     for label, body in cases:
         async with phase(s, f"2. 30 non-reading clients, zero HTTP/2 window: {label}", settle_s=3.0) as p:
-            conns = [RawConn(s.port, window=0) for _ in range(30)]
+            conns = []
             frame = b"\x00" + len(body).to_bytes(4, "big") + body
-            for c in conns:
+            for _ in range(30):  # each opened just before its call (an idle one is closed)
+                c = RawConn(s.port, window=0)
+                conns.append(c)
                 sid = c.headers(token=True)
                 await asyncio.to_thread(c.send_body, sid, frame, end=True)
             # ... and never read again; the server's keepalive ping goes unanswered
             t0 = time.monotonic()
             closed_at: dict[int, float] = {}
-            while len(closed_at) < len(conns) and time.monotonic() - t0 < args.keepalive * 3 + 10:
+            while len(closed_at) < len(conns) and time.monotonic() - t0 < min(
+                    args.keepalive * 3 + 10, args.wait_close):
                 await asyncio.sleep(0.25)
                 for i, c in enumerate(conns):
                     if i not in closed_at and c.peer_closed():
@@ -526,6 +627,142 @@ async def non_reading(s: Server, args: argparse.Namespace) -> None:
                          f"{last:.1f} s; request {len(body) / 1e6:.1f} MB each")
             for c in conns:
                 c.close()
+
+
+async def empty_items(s: Server, caller: Caller) -> None:
+    body = b"\x0a\x00" * (8 << 20)  # 16 MiB: 8 million empty ScoreItems
+    async with phase(s, "A. Score body of only empty items, 16 MiB (x3)") as p:
+        for _ in range(3):
+            lat, code, _ = await caller.score(body, timeout_s=120)
+            p.codes[code] += 1
+            (p.served if code == "OK" else p.refused).append(lat)
+        p.outcome = f"{dict(p.codes)} in {ms(p.served + p.refused, 1.0)} ms at most"
+
+
+async def streams_not_read(s: Server, args: argparse.Namespace) -> None:
+    n, streams = 16, args.nonreading_streams
+    body = rubric_request(1024, 2)
+    frame = b"\x00" + len(body).to_bytes(4, "big") + body
+    async with phase(s, f"B. {n} zero-window connections x {streams} Score streams of 1,024 "
+                        f"items, responses never read", settle_s=5.0) as p:
+        conns = [RawConn(s.port, window=0) for _ in range(n)]
+
+        def send_all(c: RawConn) -> None:
+            for _ in range(streams):
+                sid = c.headers(token=True)
+                c.send_body(sid, frame, end=True)
+
+        await asyncio.gather(*(asyncio.to_thread(send_all, c) for c in conns))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.hold:  # read frames (statuses), never open the window
+            await asyncio.gather(*(asyncio.to_thread(c.pump, 0.05) for c in conns))
+        names = {code.value[0]: code.name for code in grpc.StatusCode}
+        got = collections.Counter(names.get(v, str(v)) for c in conns for v in c.statuses.values())
+        p.internal += got.get("INTERNAL", 0)
+        p.outcome = (f"{n * streams} calls of {len(body) / 1e6:.2f} MB; answered to the attacker "
+                     f"{dict(got)}; held {args.hold:.0f} s, then it disconnected")
+        for c in conns:
+            c.close()
+
+
+async def idle_connections(s: Server, args: argparse.Namespace) -> None:
+    n = args.idle_connections
+    async with phase(s, f"C. {n} connections that send only the HTTP/2 preface and SETTINGS, "
+                        f"held {args.idle_hold:.0f} s") as p:
+        socks = []
+        for _ in range(n):
+            k = socket.create_connection(("127.0.0.1", s.port))
+            c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            c.initiate_connection()
+            k.sendall(c.data_to_send())
+            socks.append(k)
+        await asyncio.sleep(args.idle_hold)
+        closed = 0
+        for k in socks:
+            poll = select.poll()
+            poll.register(k, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+            closed += bool(poll.poll(0))
+        p.outcome = f"{closed}/{n} closed by the server within {args.idle_hold:.0f} s"
+        for k in socks:
+            k.close()
+
+
+async def one_channel(s: Server) -> None:
+    from reward_server.client import AsyncRewardClient, RewardCallError
+
+    item = d.ScoreItem("a", d.NliConstraintsSpec("Paris is big.", "Paris", "big"))
+    async with phase(s, "E. 512 concurrent 1-item calls on one channel (AsyncRewardClient, "
+                        "verl's per-sample pattern) x4") as p:
+        async with AsyncRewardClient(s.target, token=TOKEN) as c:
+            for _ in range(4):
+                t = time.perf_counter()
+                res = await asyncio.gather(*(c.score([item]) for _ in range(512)),
+                                           return_exceptions=True)
+                for r in res:
+                    if isinstance(r, RewardCallError):
+                        p.codes[r.code.name] += 1
+                    elif isinstance(r, BaseException):
+                        p.codes[type(r).__name__] += 1
+                    else:
+                        p.codes["OK"] += 1
+                p.served.append(time.perf_counter() - t)
+        p.outcome = f"{dict(p.codes)}; lost {sum(v for k, v in p.codes.items() if k != 'OK')}"
+
+
+def http_post(port: int, path: str, data: bytes, content_type: str = "application/json",
+              method: str = "POST") -> tuple[int, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data if method == "POST" else None,
+                                 method=method, headers={"Content-Type": content_type,
+                                                         "Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()[:200]
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()[:200]
+
+
+async def http_attacks(s: Server, args: argparse.Namespace) -> None:
+    port = s.http_port
+    nli = '{"response": "Paris is big.", "answer": "Paris", "preference": "big"}'
+    cases = [
+        ("64 MiB of {} items", "/v1/score", b'{"items": [' + b",".join([b"{}"] * (21 << 20)) + b"]}"),
+        ("a list of 4 million tiny items", "/v1/score",
+         b'{"items": [' + b",".join([b'{"id": "x"}'] * (4 << 20)) + b"]}"),
+        ("an OpenRLHF label nested 50,000 deep", "/openrlhf/reward", json.dumps(
+            {"query": ["q r"], "prompts": ["q"], "labels": ['{"a":' * 50_000 + "1" + "}" * 50_000]}).encode()),
+        ('"weight": true', "/v1/score", ('{"items": [{"id": "w", "weighted": {"parts": [{"weight": true, '
+                                         f'"nli_constraints": {nli}}}]}}}}]}}').encode()),
+    ]
+    async with phase(s, "D. HTTP JSON: " + "; ".join(c[0] for c in cases) + "; a text/plain body") as p:
+        got = []
+        for label, path, body in cases:
+            t = time.perf_counter()
+            status, _ = await asyncio.to_thread(http_post, port, path, body)
+            got.append(f"{label}: {status} in {(time.perf_counter() - t) * 1000:.0f} ms")
+            p.codes[str(status)] += 1
+            p.internal += status == 500
+        status, _ = await asyncio.to_thread(http_post, port, "/v1/score", cases[3][2], "text/plain")
+        got.append(f"text/plain: {status}")
+        p.outcome = "; ".join(got)
+    n = args.http_idle
+    async with phase(s, f"F. {n} HTTP connections that send nothing, held {args.idle_hold:.0f} s; "
+                        "/v1/health and /v1/score asked meanwhile") as p:
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+        end = time.monotonic() + args.idle_hold
+        while time.monotonic() < end:
+            status, _ = await asyncio.to_thread(http_post, port, "/v1/health", b"", method="GET")
+            p.codes[f"health {status}"] += 1
+            status, _ = await asyncio.to_thread(
+                http_post, port, "/v1/score", f'{{"items": [{{"id": "a", "nli_constraints": {nli}}}]}}'.encode())
+            p.codes[f"score {status}"] += 1
+            await asyncio.sleep(0.2)
+        closed = 0
+        for k in socks:
+            poll = select.poll()
+            poll.register(k, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+            closed += bool(poll.poll(0))
+            k.close()
+        p.outcome = f"{closed}/{n} closed by the server; meanwhile {dict(p.codes)}"
 
 
 async def big_requests(s: Server, caller: Caller) -> None:
@@ -669,12 +906,30 @@ async def drain(args: argparse.Namespace) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------ main
+TUNED = {"limit": 512, "engine_latency": 0.02, "receive_timeout": 2.0, "handshake_timeout": 2.0,
+         "keepalive": 2.0}
+DEFAULTS = {"limit": None, "engine_latency": 0.0, "receive_timeout": 30.0, "handshake_timeout": 10.0,
+            "keepalive": 60.0}
+
+
+def admission_limit(target: str) -> int:
+    """The server's admission limit in judgments, from Info."""
+    with grpc.insecure_channel(target) as ch:
+        info = ch.unary_unary("/reward.v1.RewardService/Info")(
+            pb.InfoRequest().SerializeToString(), metadata=(("authorization", f"Bearer {TOKEN}"),),
+            timeout=10)
+    settings = pb.InfoResponse.FromString(info).settings
+    return int(settings["service.admission.max_judgments_in_flight"])
+
+
 async def run(args: argparse.Namespace) -> None:
-    common = [f"service.admission.max_judgments_in_flight={args.limit}",
-              f"server.receive_timeout_s={args.receive_timeout}",
-              f"server.handshake_timeout_s={args.handshake_timeout}",
-              f"server.keepalive_time_s={args.keepalive}", "server.keepalive_timeout_s=1",
-              f"server.auth_token={TOKEN}", "server.drain_delay_s=0"]
+    global VICTIM
+    common = [f"server.auth_token={TOKEN}", "server.drain_delay_s=0"]
+    if args.tuned:
+        common += [f"service.admission.max_judgments_in_flight={args.limit}",
+                   f"server.receive_timeout_s={args.receive_timeout}",
+                   f"server.handshake_timeout_s={args.handshake_timeout}",
+                   f"server.keepalive_time_s={args.keepalive}", "server.keepalive_timeout_s=1"]
     std = rubric_request(32, 4)
 
     if args.only == "overload":  # a quick look while tuning (not the report)
@@ -695,8 +950,16 @@ async def run(args: argparse.Namespace) -> None:
     print("server 2 (token): baseline, half-open, non-reading clients, big requests, overload, "
           "fuzz, codes", flush=True)
     s = Server(common, args.engine_latency)
+    if args.limit is None:
+        args.limit = admission_limit(s.target)
+    VICTIM = Victim(s.target, TOKEN)
     caller = Caller(s.target)
     unloaded_p99, at_limit_p99 = await baseline(s, caller, std, args)
+    await empty_items(s, caller)
+    await streams_not_read(s, args)
+    await idle_connections(s, args)
+    await one_channel(s)
+    await http_attacks(s, args)
     await half_open_authenticated(s, args, std)
     await half_preface(s, args)
     await non_reading(s, args)
@@ -707,6 +970,7 @@ async def run(args: argparse.Namespace) -> None:
     await caller.close()
     s.stop()
 
+    VICTIM = None
     await engine_bug_and_health(args)
     print("server 3 (defaults): drain under load", flush=True)
     rc, cancelled = await drain(args)
@@ -734,16 +998,32 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--probe", help=argparse.SUPPRESS)
-    ap.add_argument("--limit", type=int, default=512, help="service.admission.max_judgments_in_flight")
-    ap.add_argument("--engine-latency", type=float, default=0.02, help="fake engines' sleep per batch (s)")
+    ap.add_argument("--tuned", action="store_true", help="issue 11's tuned settings (admission "
+                    "limit 512, fakes sleeping 20 ms, 2 s timeouts and keepalive) instead of the "
+                    "server's defaults")
+    ap.add_argument("--limit", type=int, help="service.admission.max_judgments_in_flight (with "
+                    "--tuned; default: the server's own, read from Info)")
+    ap.add_argument("--engine-latency", type=float, help="fake engines' sleep per batch (s)")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of each load phase")
-    ap.add_argument("--receive-timeout", type=float, default=2.0)
-    ap.add_argument("--handshake-timeout", type=float, default=2.0)
-    ap.add_argument("--keepalive", type=float, default=2.0, help="server.keepalive_time_s")
+    ap.add_argument("--receive-timeout", type=float)
+    ap.add_argument("--handshake-timeout", type=float)
+    ap.add_argument("--keepalive", type=float, help="server.keepalive_time_s")
+    ap.add_argument("--nonreading-streams", type=int, default=32,
+                    help="streams per zero-window connection in attack B (16 connections)")
+    ap.add_argument("--hold", type=float, default=5.0, help="how long attack B's peers stay")
+    ap.add_argument("--idle-connections", type=int, default=1100)
+    ap.add_argument("--idle-hold", type=float, default=20.0,
+                    help="how long attack C's connections stay (the default idle close is 15 s)")
+    ap.add_argument("--http-idle", type=int, default=1000, help="idle connections in attack F")
+    ap.add_argument("--wait-close", type=float, default=15.0,
+                    help="longest wait for the server to close non-reading peers (attack 2)")
     ap.add_argument("--fuzz", type=int, default=400, help="random requests")
     ap.add_argument("--timeout", type=float, default=600, help="give up after this long")
     ap.add_argument("--only", choices=["overload"], help="run only the baselines and the overload")
     args = ap.parse_args()
+    for k, v in (TUNED if args.tuned else DEFAULTS).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.probe:
         with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
             probe_main(args.probe)

@@ -10,7 +10,9 @@ about one admitted call's duration (a moving average), jittered, between 50 ms a
 The transport asks in three steps, each before the heavier work that follows it:
 :meth:`Admission.enter` before reading the request body (is there room for a call of the usual
 size?), :meth:`Ticket.add_bytes` with the body's size before parsing it (holding the bytes and,
-provisionally, a usual call's judgments), :meth:`Ticket.admit` with its judgments before
+provisionally, a usual call's judgments, or more when the body is large: its size over the
+admitted calls' average bytes per judgment, so a flood of large bodies is refused before it is
+parsed), :meth:`Ticket.admit` with its judgments before
 fanning out. Under overload most refusals come from the first two steps and cost no parsing; a
 call whose request never arrives holds nothing. It is applied after authentication, so
 unauthenticated calls never hold any of it.
@@ -66,6 +68,7 @@ class Admission:
         self.refused = 0
         self._call_s = 0.2  # moving average of admitted calls' duration
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
+        self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
         self._rng = random.Random(seed)
 
     @classmethod
@@ -129,6 +132,9 @@ class Admission:
                 "after_read",
             )
         usual = self._usual()
+        if self._bytes_per_judgment:  # a large body likely carries many judgments: estimate
+            estimate = round(nbytes / self._bytes_per_judgment)
+            usual = max(usual, min(estimate, self.max_judgments or estimate))
         self._room(usual, "after_read")
         self._hold(ticket, usual, nbytes)
 
@@ -142,6 +148,10 @@ class Admission:
             )
         self._hold(ticket, judgments - ticket.judgments, 0)
         ticket.admitted_at = time.perf_counter()
+        if judgments and ticket.nbytes:
+            per = ticket.nbytes / judgments
+            self._bytes_per_judgment += (_EWMA * (per - self._bytes_per_judgment)
+                                         if self._bytes_per_judgment else per)
         if self._call_judgments:
             self._call_judgments += _EWMA * (judgments - self._call_judgments)
         else:

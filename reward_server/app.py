@@ -27,6 +27,7 @@ from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
 from reward_server.rpc.http import HttpDoor
 from reward_server.rpc.server import RewardGrpcServer, create_server
+from reward_server.rpc.settings import host_port
 from reward_server.service import RewardService, admission_for
 from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
 
@@ -78,7 +79,7 @@ class RewardApp:
 
     @property
     def target(self) -> str:
-        return f"{self.config.server.host}:{self.port}"
+        return host_port(self.config.server.host, self.port)
 
     @property
     def http_port(self) -> int | None:

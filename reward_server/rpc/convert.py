@@ -165,15 +165,19 @@ async def score_items(
     raw: bytes,
     *,
     max_item_bytes: int,
+    max_items: int | None = None,
     check_count: Callable[[int], None],
     check_item: Callable[[d.ScoreItem, int], None],
     count: Count = _no_count,
 ) -> list[d.ScoreItem]:
     """The items of an encoded ScoreRequest, parsed and converted one at a time.
-    ``check_count(n)`` sees the number of items before any is parsed, ``count`` each repeated
+    ``check_count(n)`` sees the number of items before any is parsed (and ``n = max_items + 1``
+    as soon as the split meets one item more than ``max_items``: it must refuse it), ``count`` each repeated
     field's length before it is converted, ``check_item(item, i)`` each item as soon as it is
     converted (any may refuse, before the rest is parsed)."""
-    elements, rest = wire.split_repeated(raw, 1, "reward.v1.ScoreRequest")
+    elements, rest = wire.split_repeated(  # stops at the first item past the cap
+        raw, 1, "reward.v1.ScoreRequest", max_elements=max_items, too_many=check_count
+    )
     if rest:
         wire.parse(pb.ScoreRequest, rest)  # other (unknown) fields must still be well-formed
     check_count(len(elements))

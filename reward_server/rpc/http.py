@@ -40,10 +40,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError, DeadlineExceeded, InvalidRequest, Unauthenticated
-from reward_server.rpc import jsonmap, openrlhf
+from reward_server.rpc import jsonlimits, jsonmap, openrlhf
 from reward_server.rpc.auth import TokenCheck
 from reward_server.rpc.health import HealthMonitor
 from reward_server.rpc.servicer import RewardServicer
@@ -65,10 +67,75 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(json.dumps(body, ensure_ascii=False), status, headers, media_type=JSON)
 
 
+def not_json(request: Request) -> Response | None:
+    """415 for a body declared as anything but JSON (form, multipart and text/plain bodies are
+    what a browser may POST cross-site without asking); None when it is JSON or undeclared."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return None
+    media = declared.split(";", 1)[0].strip().lower()
+    if media == JSON or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    message = (f"the body is declared {media or 'empty'!r}; send JSON with "
+               "Content-Type: application/json")
+    return json_response({"error": {"code": 415, "status": "INVALID_ARGUMENT",
+                                    "message": message}}, 415)
+
+
 def error_response(exc: BaseException) -> Response:
     status = http_status_for(exc)
     body = {"error": {"code": status, "status": status_for(exc).name, "message": message_for(exc)}}
     return json_response(body, status, http_headers_for(exc))
+
+
+HEALTH_RESERVE = 16  # connections past server.http.max_connections that may only ask health
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, plus: a connection must send a request's headers within
+    ``header_timeout_s`` of opening or of its last answer (uvicorn's keep-alive timer starts
+    only after a first answer, so connections that never send anything stayed open and, past
+    its concurrency limit, made every request 503); past ``max_connections`` +
+    ``HEALTH_RESERVE`` a new connection is closed at once."""
+
+    header_timeout_s = 10.0
+    max_connections = 1024
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections + HEALTH_RESERVE:
+            transport.close()
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._disarm()  # a request's headers are in
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
 
 
 class _Server(uvicorn.Server):
@@ -97,7 +164,7 @@ class HttpDoor:
             Route("/v1/health", self._health, methods=["GET"]),
             Route("/openrlhf/reward", self._openrlhf, methods=["POST"]),
         ]
-        self.app = Starlette(routes=routes)
+        self.routes = Starlette(routes=routes)
         http = settings.http
         self.host = http.host or settings.host
         self._socket = self._bind(self.host, http.port or 0)
@@ -121,13 +188,28 @@ class HttpDoor:
         sock.set_inheritable(True)
         return sock
 
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The routes, behind the connection cap: past server.http.max_connections open
+        connections only GET /v1/health is answered (503 for the rest)."""
+        limit = self._settings.http.max_connections
+        if (scope["type"] == "http" and scope["path"] != "/v1/health" and self._server is not None
+                and len(self._server.server_state.connections) > limit):
+            body = {"error": {"code": 503, "status": "UNAVAILABLE", "message": (
+                f"more than server.http.max_connections={limit} connections are open; retry "
+                "shortly")}}
+            await json_response(body, 503, {"Retry-After": "1"})(scope, receive, send)
+            return
+        await self.routes(scope, receive, send)
+
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        http = self._settings.http
+        protocol = type("Protocol", (_Protocol,), {"header_timeout_s": http.header_timeout_s,
+                                                   "max_connections": http.max_connections})
         config = uvicorn.Config(
             self.app, log_config=None, access_log=False, lifespan="off",
             timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)),
-            limit_concurrency=self._settings.max_connections,  # more: 503 at once
-            server_header=False,
+            http=protocol, interface="asgi3", server_header=False,
         )
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(
@@ -193,14 +275,22 @@ class HttpDoor:
         return await self._servicer.call(rpc, receive, time_remaining=lambda: None,
                                          transport="http")
 
+    def _parse(self, cls: type[Message], body: bytes) -> bytes:
+        http = self._settings.http
+        return jsonmap.parse_bounded(cls, body, max_depth=http.max_json_depth,
+                                     max_values=http.max_json_values).SerializeToString()
+
     def _endpoint(self, rpc: str, cls: type[Message]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
+            if (refused := not_json(request)) is not None:
+                return refused
+
             async def receive() -> bytes:
                 body = await self._body(request) or b"{}"
                 if len(body) < PARSE_INLINE_BYTES:
-                    return jsonmap.parse(cls, body).SerializeToString()
+                    return self._parse(cls, body)
                 # json_format walks the JSON in Python: keep the event loop free meanwhile
-                return await asyncio.to_thread(lambda: jsonmap.parse(cls, body).SerializeToString())
+                return await asyncio.to_thread(self._parse, cls, body)
 
             try:
                 return json_response(jsonmap.to_dict(await self._call(request, rpc, receive)))
@@ -224,6 +314,8 @@ class HttpDoor:
         return json_response(body, 200 if serving else 503)
 
     async def _openrlhf(self, request: Request) -> Response:
+        if (refused := not_json(request)) is not None:
+            return refused
         markers = self._settings.http.openrlhf_end_markers
         built: list[pb.ScoreRequest] = []
         try:
@@ -232,13 +324,15 @@ class HttpDoor:
             if _empty_batch(body):  # what OpenRLHF sends its 2nd, 3rd, ... server
                 return json_response({"rewards": [], "scores": [], "extra_logs": {}})
 
-            async def receive() -> bytes:
-                try:
-                    payload = json.loads(body)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise InvalidRequest(f"the body is not JSON ({e})") from None
+            def build() -> bytes:
+                http = self._settings.http
+                payload = jsonlimits.loads(body, max_depth=http.max_json_depth,
+                                           max_values=http.max_json_values, what="the body")
                 built.append(openrlhf.score_request(payload, end_markers=markers))
                 return built[-1].SerializeToString()
+
+            async def receive() -> bytes:
+                return build() if len(body) < PARSE_INLINE_BYTES else await asyncio.to_thread(build)
 
             response = await self._call(request, "Score", receive)
             assert isinstance(response, pb.ScoreResponse)
@@ -248,8 +342,10 @@ class HttpDoor:
 
 
 def _empty_batch(body: bytes) -> bool:
+    if len(body) > 256:  # an empty batch is a few bytes; anything else takes the bounded path
+        return False
     try:
         payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return False
     return isinstance(payload, dict) and payload.get("query") == []

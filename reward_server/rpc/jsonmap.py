@@ -15,6 +15,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from reward_server.errors import InvalidRequest
+from reward_server.rpc import jsonlimits
 
 M = TypeVar("M", bound=Message)
 
@@ -36,6 +37,14 @@ def parse(cls: type[M], body: bytes | str, what: str | None = None) -> M:
         raise InvalidRequest(
             f"the body is not a JSON {name} ({e}); send its proto3 JSON mapping"
         ) from None
+
+
+def parse_bounded(cls: type[M], body: bytes, *, max_depth: int, max_values: int) -> M:
+    """``cls`` from a JSON body read with bounded nesting and values
+    (:mod:`reward_server.rpc.jsonlimits`), booleans refused where numbers are expected."""
+    data = jsonlimits.loads(body, max_depth=max_depth, max_values=max_values, what="the body")
+    jsonlimits.refuse_booleans(cls.DESCRIPTOR, data, "body")
+    return parse_dict(cls, data, "the body")
 
 
 def parse_dict(cls: type[M], data: Any, what: str) -> M:

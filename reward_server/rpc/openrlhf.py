@@ -35,7 +35,7 @@ from reward_server import components
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.domain import RewardKind
 from reward_server.errors import InvalidRequest
-from reward_server.rpc import jsonmap
+from reward_server.rpc import jsonlimits, jsonmap
 
 KEYS = ("query", "prompts", "labels")
 _RESPONSE_FIELD = {
@@ -94,14 +94,19 @@ def template(label: Any, *, where: str) -> pb.ScoreItem:
                 f"{where}: the label is empty; prepare the data with `python -m "
                 "trainer.data.prepare --format openrlhf` and pass --data.label_key label"
             )
+        jsonlimits.check(label, max_depth=jsonlimits.MAX_DEPTH,
+                         max_values=jsonlimits.MAX_VALUES, what=f"{where}: the label")
         try:
             label = json.loads(label)
+        except RecursionError:
+            raise InvalidRequest(f"{where}: the label is nested too deeply") from None
         except json.JSONDecodeError as e:
             raise InvalidRequest(
                 f"{where}: the label is not JSON ({e.msg} at char {e.pos}); it must be a "
                 "reward.v1.ScoreItem without its response, as trainer.data.prepare "
                 "--format openrlhf writes it"
             ) from None
+    jsonlimits.refuse_booleans(pb.ScoreItem.DESCRIPTOR, label, f"{where}: the label")
     item = jsonmap.parse_dict(pb.ScoreItem, label, f"{where}: the label")
     leaves = _leaf_kinds(item)
     if not leaves or any(case not in _RESPONSE_FIELD for _, case in leaves):

@@ -38,8 +38,10 @@ from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.admission import Admission, Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
+from reward_server.rpc.memory import Trimmer
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import message_for, status_for, trailers_for
+from reward_server.rpc.unsent import UnsentResponses
 from reward_server.service import RewardService
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,12 @@ class RewardServicer:
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.unsent = UnsentResponses(
+            per_connection=settings.max_unsent_response_bytes_per_connection,
+            total=settings.max_unsent_response_bytes,
+        )
+        self.trimmer = Trimmer()
+        self._info_reply: pb.InfoResponse | None = None
         lim = service.settings.limits
         text = lim.max_text_bytes + _FIELD_OVERHEAD
         self._max_bytes = {  # no valid request of the method is larger
@@ -168,6 +176,7 @@ class RewardServicer:
         start = time.perf_counter()
         code_name = "OK"
         entered = False
+        received = 0
         with tracing.span(f"reward.v1/{rpc}", transport=transport) as current:
             try:
                 if not self._accepting:
@@ -187,6 +196,7 @@ class RewardServicer:
                     async with asyncio.timeout(timeout):
                         with admission.enter() as ticket:  # refused here when full: nothing read
                             raw = await receive()
+                            received = len(raw)
                             self._check_size(rpc, raw)
                             ticket.add_bytes(len(raw))
                             return await work(raw, ticket, current)
@@ -211,6 +221,7 @@ class RewardServicer:
                 raise
             finally:
                 tracing.set_attribute(current, "code", code_name)
+                self.trimmer.freed(received)
                 if entered:
                     self._active -= 1
                     if not self._active:
@@ -220,15 +231,28 @@ class RewardServicer:
                 logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
     async def _run(self, rpc: str, requests: Requests, context: Context) -> Any:
+        peer = context.peer()
         try:
-            return await self.call(
-                rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
-                transport="grpc", park=lambda: self._refuse_draining(context),
-            )
+            self.unsent.enter(peer)  # refused while this connection does not read
+            try:
+                response = await self.call(
+                    rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
+                    transport="grpc", park=lambda: self._refuse_draining(context),
+                )
+                nbytes = response.ByteSize()
+                self.unsent.hold(peer, nbytes)  # until gRPC has written it (or the call ends)
+            finally:
+                self.unsent.leave(peer)
+            context.add_done_callback(lambda _c: self._sent(peer, nbytes))  # type: ignore[arg-type]
+            return response
         except Exception as exc:
             await context.abort(status_for(exc), message_for(exc),
                                 trailing_metadata=trailers_for(exc))
             raise  # unreachable: abort raises
+
+    def _sent(self, peer: str, nbytes: int) -> None:
+        self.unsent.release(peer, nbytes)
+        self.trimmer.freed(nbytes)
 
     async def Score(self, requests: Requests, context: Context) -> pb.ScoreResponse:
         return await self._run("Score", requests, context)  # type: ignore[no-any-return]
@@ -254,6 +278,7 @@ class RewardServicer:
 
         items = await convert.score_items(
             raw, max_item_bytes=validator.limits.max_item_bytes,
+            max_items=validator.limits.max_batch_items,
             check_count=validator.batch_size, check_item=check, count=validator.count,
         )
         judgments = validator.total(judgments, "items")
@@ -287,16 +312,19 @@ class RewardServicer:
 
     async def _info(self, raw: bytes, ticket: Ticket, current: Any) -> pb.InfoResponse:
         wire.parse(pb.InfoRequest, raw)
-        reply = convert.info_to_proto(self._service.info())
-        reply.settings.update(self.transport_info())
-        return reply
+        if self._info_reply is None:  # it does not change while the server runs: build it once
+            reply = convert.info_to_proto(self._service.info())  # (64 callers building it
+            reply.settings.update(self.transport_info())         # cut Score throughput 61 %)
+            self._info_reply = reply
+        return self._info_reply
 
     def transport_info(self) -> dict[str, str]:
         """The transport's limits, for Info."""
         s = self._settings
         names = ("max_message_bytes", "max_concurrent_rpcs", "default_timeout_s",
                  "receive_timeout_s", "max_concurrent_streams", "max_connections",
-                 "grace_period_s", "drain_delay_s")
+                 "grace_period_s", "drain_delay_s", "max_unsent_response_bytes",
+                 "max_unsent_response_bytes_per_connection")
         out = {f"server.{n}": str(getattr(s, n)) for n in names}
         out["server.http.port"] = str(s.http.port)  # the configured one (0: a free one)
         return out

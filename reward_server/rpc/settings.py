@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from reward_server.rpc.jsonlimits import MAX_DEPTH, MAX_VALUES
 
 
 class _Frozen(BaseModel):
@@ -16,6 +18,18 @@ OPENRLHF_END_MARKERS = (
     "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<eos>",
     "</s>",
 )
+
+
+def unbracket(host: str | None) -> str | None:
+    """``[::1]`` -> ``::1``: an IPv6 address is kept bare and bracketed where a port follows."""
+    if host is not None and host.startswith("[") and host.endswith("]"):
+        return host[1:-1]
+    return host
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[::1]:50051``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class HttpSettings(_Frozen):
@@ -32,6 +46,23 @@ class HttpSettings(_Frozen):
         "is refused (400) before it is read. The request it encodes must still fit "
         "server.max_message_bytes and service.limits."
     )
+    max_json_depth: int = Field(
+        MAX_DEPTH, ge=2, description="Deepest nesting of a JSON body (and of an OpenRLHF "
+        "label); deeper is refused (400) before it is parsed."
+    )
+    max_json_values: int = Field(
+        MAX_VALUES, ge=16, description="Most JSON values (objects, arrays, members, elements) "
+        "a body may hold; more is refused (400) before any is built."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, description="A connection must send a request's headers this long after "
+        "it opened or its last answer; otherwise it is closed (idle connections hold no slot)."
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="Open HTTP connections; past it a request gets 503, except "
+        "GET /v1/health, which has HEALTH_RESERVE more connections of its own."
+    )
+    _host = field_validator("host")(unbracket)
     openrlhf_end_markers: tuple[str, ...] = Field(
         OPENRLHF_END_MARKERS, description="OpenRLHF route: special-token texts removed from the "
         "end of a response (OpenRLHF decodes with skip_special_tokens=False, so the EOS token's "
@@ -55,7 +86,9 @@ class TracingSettings(_Frozen):
 class ServerSettings(_Frozen):
     """The gRPC ingress."""
 
-    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 for all interfaces.")
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 for all interfaces, "
+                      "::1 (or [::1]) for IPv6 loopback.")
+    _host = field_validator("host")(unbracket)
     port: int = Field(50051, ge=0, le=65535, description="Port to bind; 0 picks a free one.")
     max_message_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent."
@@ -78,8 +111,20 @@ class ServerSettings(_Frozen):
         "queues the rest (grpc.max_concurrent_streams)."
     )
     max_connections: int | None = Field(
-        1024, ge=1, description="Connections accepted at once; more are closed at once "
-        "(grpc.max_allowed_incoming_connections). None: unlimited."
+        8192, ge=1, description="Connections accepted at once; more are closed at once "
+        "(grpc.max_allowed_incoming_connections). Connections that make no call are closed "
+        "after max_connection_idle_s, so a peer must open more than this many within that "
+        "time to lock anyone out; the process's open-file limit is raised to fit. None: "
+        "unlimited."
+    )
+    max_unsent_response_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Response bytes held for peers that have not "
+        "read them yet, all connections together; a response past it is dropped and its call "
+        "answered RESOURCE_EXHAUSTED (see reward_server/rpc/unsent.py)."
+    )
+    max_unsent_response_bytes_per_connection: int = Field(
+        32 * 1024 * 1024, ge=1024, description="The same for one connection; past it that "
+        "connection's calls in flight are cancelled and new ones refused until it reads."
     )
     keepalive_time_s: float = Field(
         60.0, gt=0.0, description="Ping each connection after this long without activity "
@@ -94,8 +139,9 @@ class ServerSettings(_Frozen):
         "(grpc.http2.min_ping_interval_without_data_ms); more often is answered with GOAWAY."
     )
     max_connection_idle_s: float | None = Field(
-        300.0, gt=0.0, description="Close a connection with no call for this long "
-        "(grpc.max_connection_idle_ms, with GOAWAY: clients reconnect on demand). None: never."
+        15.0, gt=0.0, description="Close a connection with no call in flight for this long, "
+        "including one that never made a call (grpc.max_connection_idle_ms, with GOAWAY: gRPC "
+        "clients reconnect on their next call, transparently). None: never."
     )
     max_connection_age_s: float | None = Field(
         None, gt=0.0, description="Send GOAWAY to a connection this old, then give its calls "

@@ -13,6 +13,7 @@ event loop free between items.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -45,14 +46,26 @@ def _varint(buf: memoryview, pos: int, what: str) -> tuple[int, int]:
             raise _malformed(what, f"varint too long at byte {pos}")
 
 
-def split_repeated(raw: bytes, number: int, what: str) -> tuple[list[memoryview], bytes]:
+MAX_OTHER_FIELDS = 64  # top-level fields besides the repeated one (a ScoreRequest has none)
+
+
+def split_repeated(
+    raw: bytes, number: int, what: str, *, max_elements: int | None = None,
+    too_many: Callable[[int], None] | None = None,
+) -> tuple[list[memoryview], bytes]:
     """``(elements, rest)``: the encoded elements of the length-delimited repeated field
     ``number`` of the message ``raw`` (views, in order) and the encoding of its other fields.
-    Raises InvalidRequest when the top level is not valid protobuf wire format."""
+
+    The walk stops at the first element past ``max_elements`` (``too_many(n)`` raises the
+    caller's own message; by default InvalidRequest) and at the first field past
+    ``MAX_OTHER_FIELDS`` others, so a body of millions of tiny fields costs no more than the cap:
+    the work is bounded by the caps, not by the size of the body. Raises InvalidRequest when
+    the top level is not valid protobuf wire format."""
     buf = memoryview(raw)
     pos = 0
     elements: list[memoryview] = []
     rest = bytearray()
+    others = 0
     while pos < len(buf):
         start = pos
         key, pos = _varint(buf, pos, what)
@@ -74,10 +87,22 @@ def split_repeated(raw: bytes, number: int, what: str) -> tuple[list[memoryview]
         if pos > len(buf):
             raise _malformed(what, f"field {field} at byte {start} runs past the end")
         if field == number and wire_type == _LENGTH:
+            if max_elements is not None and len(elements) >= max_elements:
+                _too_many(len(elements) + 1, max_elements, what, too_many)
             elements.append(buf[body:pos])
         else:
+            others += 1
+            if others > MAX_OTHER_FIELDS:
+                raise _malformed(what, f"more than {MAX_OTHER_FIELDS} fields besides field "
+                                 f"{number} (at byte {start})")
             rest += buf[start:pos]
     return elements, bytes(rest)
+
+
+def _too_many(n: int, limit: int, what: str, too_many: Callable[[int], None] | None) -> None:
+    if too_many is not None:
+        too_many(n)  # raises the caller's message
+    raise InvalidRequest(f"{what}: more than {limit} elements; send fewer")
 
 
 def parse(cls: type[M], raw: bytes | memoryview, what: str | None = None) -> M:

@@ -9,6 +9,7 @@ import struct
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -23,11 +24,17 @@ class RawH2:
         self._reader, self._writer = reader, writer
         self._conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.status: dict[int, dict[bytes, bytes]] = {}  # stream -> headers and trailers seen
+        self._read_window = True  # False: never open the window again (a non-reading peer)
 
     @classmethod
-    async def open(cls, port: int) -> RawH2:
+    async def open(cls, port: int, *, window: int | None = None) -> RawH2:
+        """``window``: the receive window it announces (0: the server may send it no DATA)."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         raw = cls(reader, writer)
+        if window is not None:
+            raw._conn.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+            raw._read_window = False
         raw._conn.initiate_connection()
         await raw._flush()
         return raw
@@ -66,11 +73,32 @@ class RawH2:
             for ev in self._conn.receive_data(data):
                 if isinstance(ev, h2.events.ResponseReceived | h2.events.TrailersReceived):
                     self.status.setdefault(ev.stream_id, {}).update(dict(ev.headers))
-                elif isinstance(ev, h2.events.DataReceived):
+                elif isinstance(ev, h2.events.DataReceived) and self._read_window:
                     self._conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             await self._flush()
         got = self.status[sid]
         return int(got[b"grpc-status"]), got.get(b"grpc-message", b"").decode()
+
+    async def wait_closed_by_peer(self, timeout_s: float) -> bool:
+        """Read (and answer pings) until the server closes the connection: True, or False when
+        ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (left := deadline - loop.time()) > 0:
+            try:
+                data = await asyncio.wait_for(self._reader.read(65536), left)
+            except TimeoutError:
+                return False
+            except ConnectionError:
+                return True
+            if not data:
+                return True
+            self._conn.receive_data(data)
+            try:
+                await self._flush()
+            except ConnectionError:
+                return True
+        return False
 
     async def close(self) -> None:
         self._writer.close()

@@ -152,6 +152,23 @@ async def _run_large_request(raw: bytes, lags: list[float], health: list[float])
     assert len(health) >= 3
 
 
+async def test_a_body_of_empty_items_is_refused_at_the_first_item_past_the_cap() -> None:
+    """8 MiB of empty ScoreItems (4 million on the wire): refused INVALID_ARGUMENT for item
+    1,025, the first past service.limits.max_batch_items, so the split stopped there instead of
+    walking the whole body (it used to take 11 s and 1.5 GB for 16 MiB, health timing out)."""
+    raw = b"\x0a\x00" * (4 << 20)
+    async with running_server() as r:
+        async with grpc.aio.insecure_channel(r.target) as ch, r.client() as probe:
+            try:
+                await ch.unary_unary(SCORE)(raw, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                assert e.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "1025 items exceed service.limits.max_batch_items=1024" in (e.details() or "")
+            else:
+                raise AssertionError("8 MiB of empty items were accepted")
+            assert await probe.health(timeout_s=5) == "SERVING"
+
+
 async def test_drain_under_load_loses_no_accepted_call() -> None:
     """Clients calling in a loop (without retries) while the server drains: every call is
     answered OK or UNAVAILABLE, and the calls in flight when the drain started finish. The one
@@ -182,3 +199,63 @@ async def test_drain_under_load_loses_no_accepted_call() -> None:
         await asyncio.gather(*loops)
     assert set(codes) <= {"OK", "UNAVAILABLE", "CANCELLED"} and codes["CANCELLED"] <= 1, codes
     assert codes["OK"] > before > 0 and codes["UNAVAILABLE"] > 0
+
+
+async def test_a_peer_that_does_not_read_holds_at_most_its_budget() -> None:
+    """A connection with a zero receive window asks for 24 responses it never reads: they are
+    held up to server.max_unsent_response_bytes_per_connection, past it the peer's calls are
+    refused (RESOURCE_EXHAUSTED) or cancelled, everyone else is served, and when it goes the
+    bytes held for it are released."""
+    budget = 5_000
+    raw = grpc_frame(encoded(rubric_items(8, 1)).SerializeToString())  # 24 fit the first window
+    async with running_server([f"server.max_unsent_response_bytes_per_connection={budget}"]) as r:
+        unsent = r.app.server.servicer.unsent
+        conn = await RawH2.open(r.port, window=0)
+        sids = [await conn.start_call(SCORE, body=raw, end=True) for _ in range(24)]
+        for _ in range(400):  # until the budget refused one
+            if unsent.refused:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        statuses = [await conn.grpc_status(sid, timeout_s=0.2) for sid in sids]
+        codes = collections.Counter(s[0] if s else None for s in statuses)
+        assert codes[RESOURCE_EXHAUSTED] >= 1, codes
+        assert codes[None] >= 1, codes  # some responses are held, unread
+        assert 0 < unsent.total <= 2 * budget, unsent.total  # one response past the first fits
+        assert any("server.max_unsent_response_bytes_per_connection" in s[1]
+                   for s in statuses if s and s[0] == RESOURCE_EXHAUSTED)
+        async with r.client(max_retries=0) as c:
+            assert (await c.score([GOOD], timeout_s=10.0))[0].status is d.ItemStatus.OK
+            assert await c.health(timeout_s=5.0) == "SERVING"
+        await conn.close()
+        for _ in range(200):
+            if not unsent.total:
+                break
+            await asyncio.sleep(0.05)
+        assert unsent.total == 0 and not unsent.by_peer
+
+
+async def test_connections_that_never_call_are_closed_and_free_their_slots() -> None:
+    """8 connections (the cap) that send only the HTTP/2 preface and SETTINGS: closed after
+    server.max_connection_idle_s, after which a new client gets health and Score."""
+    async with running_server(["server.max_connections=8", "server.max_connection_idle_s=0.5"]) as r:
+        conns = [await RawH2.open(r.port) for _ in range(8)]
+        try:
+            closed = await asyncio.gather(*(c.wait_closed_by_peer(timeout_s=10.0) for c in conns))
+            assert all(closed), closed
+            async with r.client(max_retries=0) as c:
+                assert await c.health(timeout_s=5.0) == "SERVING"
+                assert (await c.score([GOOD], timeout_s=5.0))[0].status is d.ItemStatus.OK
+        finally:
+            for c in conns:
+                await c.close()
+
+
+async def test_ipv6_loopback_binds_bare_or_bracketed() -> None:
+    for host in ("::1", "[::1]"):
+        async with running_server([f"server.host={host}", "server.http.port=0"]) as r:
+            assert r.app.target == f"[::1]:{r.port}"
+            async with grpc.aio.insecure_channel(r.app.target) as ch:
+                reply = await ch.unary_unary(SCORE)(encoded([GOOD]).SerializeToString(), timeout=10)
+            assert pb.ScoreResponse.FromString(reply).results[0].id == "ok"
+            assert r.app.http is not None and r.app.http.host == "::1"

@@ -239,7 +239,8 @@ async def test_invalid_bodies_are_400(server: Running) -> None:
         status, _, reply = await _request("POST", url, body, AUTH)
         assert status == 400 and reply["error"]["status"] == "INVALID_ARGUMENT", reply
         assert says in reply["error"]["message"]
-    async with aiohttp.ClientSession() as s, s.post(url, data=b"{oops", headers=AUTH) as resp:
+    async with aiohttp.ClientSession() as s, s.post(
+            url, data=b"{oops", headers={**AUTH, "Content-Type": "application/json"}) as resp:
         assert resp.status == 400 and "not a JSON" in (await resp.json())["error"]["message"]
 
 

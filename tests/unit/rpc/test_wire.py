@@ -50,3 +50,25 @@ def test_malformed_tops_are_invalid_requests(raw: bytes, needle: str) -> None:
 def test_parse_names_the_message() -> None:
     with pytest.raises(InvalidRequest, match=r"not a valid reward\.v1\.VerifyRequest"):
         wire.parse(pb.VerifyRequest, b"\x0a\x10abc")
+
+
+def test_the_split_stops_at_the_first_element_past_the_cap() -> None:
+    """3 empty items then a malformed tail: refused for the count at the 4th item, so the walk
+    never reached the tail (the body's size does not decide the work; the cap does)."""
+    raw = b"\x0a\x00" * 4 + b"\x0a\x05ab"  # 4 empty items, then one running past the end
+    seen: list[int] = []
+
+    def too_many(n: int) -> None:
+        seen.append(n)
+        raise InvalidRequest(f"items: {n} items exceed the cap")
+
+    with pytest.raises(InvalidRequest, match="4 items exceed"):
+        wire.split_repeated(raw, 1, "x", max_elements=3, too_many=too_many)
+    assert seen == [4]
+    assert len(wire.split_repeated(raw[:-4], 1, "x", max_elements=4)[0]) == 4  # at the cap: fine
+
+
+def test_other_fields_are_bounded_too() -> None:
+    raw = b"\x10\x07" * (wire.MAX_OTHER_FIELDS + 1) + b"\x0a\x05ab"
+    with pytest.raises(InvalidRequest, match=f"more than {wire.MAX_OTHER_FIELDS} fields"):
+        wire.split_repeated(raw, 1, "x")

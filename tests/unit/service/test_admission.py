@@ -94,3 +94,21 @@ def test_settings_size_the_default_from_the_engines() -> None:
     t = off.enter()
     t.add_bytes(10**9)
     t.admit(10**9)  # never refuses
+
+
+def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> None:
+    """Admitted calls average 10 bytes per judgment; a 700-byte body then holds ~70 judgments
+    as soon as it is read, so a second one is refused before anyone parses it."""
+    a = Admission(max_judgments=100, max_bytes=None, seed=0)
+    t = a.enter()
+    t.add_bytes(20)
+    t.admit(2)  # 10 bytes per judgment
+    t.release()
+    big = a.enter()
+    big.add_bytes(700)
+    assert big.judgments == 70
+    other = a.enter()
+    with pytest.raises(Overloaded, match="70 judgments in flight"):
+        other.add_bytes(700)
+    big.release()
+    assert a.judgments == 0

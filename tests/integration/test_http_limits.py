@@ -1,0 +1,92 @@
+"""The HTTP/JSON door's limits: nesting, values, booleans where numbers are expected, JSON only,
+idle connections and the reserved health path. Each against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest_asyncio
+
+from .conftest import Running, running_server
+
+NLI = {"response": "Paris is big.", "answer": "Paris", "preference": "big"}
+
+
+@pytest_asyncio.fixture(scope="module")
+async def server() -> AsyncIterator[Running]:
+    async with running_server(["server.http.port=0", "server.http.max_json_values=10000",
+                               "server.http.header_timeout_s=0.5",
+                               "server.http.max_connections=4"]) as r:
+        yield r
+
+
+async def _post(r: Running, path: str, data: bytes | str,
+                content_type: str | None = "application/json") -> tuple[int, Any]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    async with aiohttp.ClientSession() as s, s.post(
+            f"http://127.0.0.1:{r.app.http_port}{path}", data=data, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_deep_nesting_is_400_before_parsing(server: Running) -> None:
+    status, reply = await _post(server, "/v1/score", "[" * 5_000 + "]" * 5_000)
+    assert status == 400 and "nested deeper than 32" in reply["error"]["message"], reply
+
+
+async def test_an_openrlhf_label_nested_50000_deep_is_400_not_500(server: Running) -> None:
+    label = "[" * 50_000 + "]" * 50_000  # one string in the body; the label inside is deep
+    body = json.dumps({"query": ["q r"], "prompts": ["q"], "labels": [label]})
+    status, reply = await _post(server, "/openrlhf/reward", body)
+    assert status == 400, reply
+    assert "sample 0: the label is nested deeper than 32" in reply["error"]["message"]
+
+
+async def test_too_many_values_are_refused_before_any_is_built(server: Running) -> None:
+    body = '{"items": [' + ",".join(["{}"] * 20_000) + "]}"
+    status, reply = await _post(server, "/v1/score", body)
+    assert status == 400 and "more than 10000 JSON values" in reply["error"]["message"], reply
+
+
+async def test_a_boolean_weight_is_refused(server: Running) -> None:
+    item = {"id": "w", "weighted": {"parts": [{"weight": True, "nli_constraints": NLI}]}}
+    status, reply = await _post(server, "/v1/score", json.dumps({"items": [item]}))
+    assert status == 400, reply
+    assert "items[0].weighted.parts[0].weight: a JSON boolean" in reply["error"]["message"]
+    item["weighted"]["parts"][0]["weight"] = 1.0  # type: ignore[index]
+    status, reply = await _post(server, "/v1/score", json.dumps({"items": [item]}))
+    assert status == 200, reply
+
+
+async def test_only_json_bodies_are_read(server: Running) -> None:
+    body = json.dumps({"items": [{"id": "a", "nli_constraints": NLI}]})
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"):
+        status, reply = await _post(server, "/v1/score", body, kind)
+        assert status == 415 and "application/json" in reply["error"]["message"], (kind, reply)
+        status, _ = await _post(server, "/openrlhf/reward", body, kind)
+        assert status == 415
+    status, _ = await _post(server, "/v1/score", body, "application/json; charset=utf-8")
+    assert status == 200
+
+
+async def test_idle_connections_are_closed_and_health_keeps_a_path(server: Running) -> None:
+    """More connections than server.http.max_connections that send nothing: health still
+    answers meanwhile (its reserve), and they are closed after header_timeout_s."""
+    port = server.app.http_port
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/v1/health") as resp:
+                assert resp.status == 200, await resp.text()
+        closed = await asyncio.gather(*(asyncio.wait_for(reader.read(), 5.0)
+                                        for reader, _ in conns))
+        assert closed == [b""] * 6  # the server closed them
+        status, _ = await _post(server, "/v1/score",
+                                json.dumps({"items": [{"id": "a", "nli_constraints": NLI}]}))
+        assert status == 200
+    finally:
+        for _, writer in conns:
+            writer.close()
