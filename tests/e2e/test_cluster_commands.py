@@ -305,7 +305,8 @@ def test_ingress_per_node_answers_health_and_score_with_both_tokens(cluster: Clu
     body = json.dumps({"items": [{"id": "h", "rubric_score": {"context": "ctx", "text": "w1",
                                                               "rules": ['It says "w1".']}}]}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/score", data=body, method="POST",
-                                 headers={"Authorization": f"Bearer {cluster.server_token}"})
+                                 headers={"Authorization": f"Bearer {cluster.server_token}",
+                                          "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         answer = json.loads(r.read())
     assert answer["results"][0]["id"] == "h" and answer["results"][0]["status"] == "ITEM_STATUS_OK", answer
