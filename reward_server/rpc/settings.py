@@ -139,9 +139,11 @@ class ServerSettings(_Frozen):
         "(grpc.http2.min_ping_interval_without_data_ms); more often is answered with GOAWAY."
     )
     max_connection_idle_s: float | None = Field(
-        15.0, gt=0.0, description="Close a connection with no call in flight for this long, "
+        120.0, gt=0.0, description="Close a connection with no call in flight for this long, "
         "including one that never made a call (grpc.max_connection_idle_ms, with GOAWAY: gRPC "
-        "clients reconnect on their next call, transparently). None: never."
+        "clients reconnect on their next call, transparently). Not shorter by default: grpc "
+        "1.85 clients log a 'Got goaway ... connection idle' line at INFO on each such close, "
+        "and a trainer's channel idles for a whole step between reward calls. None: never."
     )
     max_connection_age_s: float | None = Field(
         None, gt=0.0, description="Send GOAWAY to a connection this old, then give its calls "
