@@ -60,6 +60,11 @@ REWARDS = Histogram(
     "reward_server_reward", "Rewards answered, by reward kind and item status.",
     ("kind", "status"), buckets=_REWARD_BUCKETS,
 )
+REWARD_SUM = Gauge(  # the histogram has no _sum: prometheus_client drops it with negative buckets
+    "reward_server_reward_running_sum", "Sum of the rewards answered since the process started, "
+    "by reward kind and item status (mean reward: its delta over reward_server_reward_count's "
+    "increase).", ("kind", "status"),
+)
 QUEUE_WAIT = Histogram(
     "reward_server_batch_queue_wait_seconds", "How long an engine batch formed in this process "
     "waited from its first item to its engine call (batching wait plus busy engine slots).",
@@ -108,6 +113,7 @@ def observe_item(kind: str, status: str, reward: float | None) -> None:
     ITEMS.labels(kind, status).inc()
     if reward is not None:
         REWARDS.labels(kind, status).observe(reward)
+        REWARD_SUM.labels(kind, status).inc(reward)
 
 
 def observe_failed_items(kind: str, n: int) -> None:
