@@ -183,7 +183,7 @@ class GrpcMetricsInterceptor(_Interceptor):
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler: Any = await continuation(handler_call_details)
         if handler is None:  # no such method: gRPC answers UNIMPLEMENTED
-            return handler  # type: ignore[no-any-return]
+            return handler  # type: ignore[return-value]
         call = _Call(self._instruments, (handler_call_details.method or "").lstrip("/"))
         changes: dict[str, Any] = {
             "request_deserializer": call.deserializer(handler.request_deserializer),
