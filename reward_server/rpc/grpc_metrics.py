@@ -25,6 +25,7 @@ calls are in ``reward_server_rpc_calls_total{transport="http"}``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 import time
@@ -98,7 +99,7 @@ def instruments() -> _Instruments:
 class _Call:
     """One call's measurements; recorded when gRPC reports the call done."""
 
-    __slots__ = ("attrs", "instruments", "rcvd", "sent", "start")
+    __slots__ = ("attrs", "instruments", "rcvd", "sent", "start", "status")
 
     def __init__(self, instruments: _Instruments, method: str) -> None:
         self.instruments = instruments
@@ -106,6 +107,7 @@ class _Call:
         self.start = time.perf_counter()
         self.rcvd = 0
         self.sent = 0
+        self.status: str | None = None  # what the handler's own end says, when gRPC's code does not
         instruments.started.add(1, self.attrs)
 
     def deserializer(self, inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
@@ -123,14 +125,25 @@ class _Call:
 
         return serialize
 
+    def ended(self, exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """The handler ended with ``exc``: an abort sets its code on the context; a cancelled
+        handler is CANCELLED (DEADLINE_EXCEEDED when the deadline passed); anything else is
+        UNKNOWN, as gRPC answers it."""
+        if isinstance(exc, grpc.aio.AbortError):
+            return
+        if isinstance(exc, asyncio.CancelledError):
+            remaining = context.time_remaining()
+            self.status = ("DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0
+                           else "CANCELLED")
+        else:
+            self.status = "UNKNOWN"
+
     def done(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         code = context.code()
-        if context.cancelled():
-            status = "CANCELLED"
-        elif code is None:
-            status = "OK"
-        else:
+        if code is not None:
             status = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        else:
+            status = self.status or "OK"
         attrs = {**self.attrs, "grpc.status": status}
         i = self.instruments
         i.duration.record(time.perf_counter() - self.start, attrs)
@@ -148,20 +161,32 @@ def _watched(behavior: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behavior):
         async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             watch(context)
-            async for response in behavior(request, context):
-                yield response
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as exc:
+                call.ended(exc, context)
+                raise
 
         return stream
     if inspect.iscoroutinefunction(behavior):
         async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             watch(context)
-            return await behavior(request, context)
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:
+                call.ended(exc, context)
+                raise
 
         return unary
 
     def plain(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         watch(context)
-        return behavior(request, context)
+        try:
+            return behavior(request, context)
+        except BaseException as exc:
+            call.ended(exc, context)
+            raise
 
     return plain
 

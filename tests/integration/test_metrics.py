@@ -238,3 +238,29 @@ async def test_every_dashboard_query_names_an_exported_metric(server: Running) -
     assert {"grpc_server_call_started_total", "grpc_server_call_duration_seconds_bucket",
             "grpc_server_call_rcvd_total_compressed_message_size_bytes_bucket",
             "grpc_server_call_sent_total_compressed_message_size_bytes_bucket"} <= used
+
+
+async def test_streaming_calls_are_counted_when_they_end(server: Running) -> None:
+    """grpc.health.v1 Watch (server-streaming): started at once, its duration and status when
+    the client goes away."""
+    watch = "grpc.health.v1.Health/Watch"
+    before = await scrape(server)
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        first = await call.read()  # SERVING, or NOT_SERVING just after traffic()'s failed judge
+        assert first.status in (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        call.cancel()
+    for _ in range(50):  # the server learns of the cancellation a moment later
+        after = await scrape(server)
+        ended = total(after, "grpc_server_call_duration_seconds_count", grpc_method=watch,
+                      grpc_status="CANCELLED") - total(before, "grpc_server_call_duration_seconds_count",
+                                                       grpc_method=watch, grpc_status="CANCELLED")
+        if ended:
+            break
+        await asyncio.sleep(0.05)
+    assert ended == 1
+    assert total(after, "grpc_server_call_started_total", grpc_method=watch) - total(
+        before, "grpc_server_call_started_total", grpc_method=watch) == 1
+    assert total(after, "grpc_server_call_sent_total_compressed_message_size_bytes_sum",
+                 grpc_method=watch) > 0
