@@ -6,7 +6,7 @@ bounded. The rpc layer calls :func:`observe_call` (per transport: ``grpc`` or ``
 :func:`observe_engine_call` and :func:`track_in_flight`; batchers call :func:`observe_batch` and
 :func:`observe_queue_wait`. :func:`exposition` renders them (with gRPC's standard server
 metrics, :mod:`reward_server.rpc.grpc_metrics`, which export to the same registry) for the HTTP
-door's ``GET /metrics``; :func:`start_metrics_server` serves them on ``server.metrics_port``.
+door's ``GET /metrics``; :class:`MetricsServer` serves them on ``server.metrics_port``.
 The names are listed in docs/metrics.md.
 
 Ray Serve replicas live in other processes: the batch sizes they form are exported through

@@ -145,3 +145,15 @@ def test_nothing_to_do_and_missing_judge(tmp_path: Path, capsys: pytest.CaptureF
     doc = json.loads((tmp_path / "o" / "nli_eval.json").read_text())
     assert doc["llm_judge"] == {"missing": "engines.judge is not set (set it, or use --fake)"}
     assert "LLM-as-judge: not run" in capsys.readouterr().out
+
+
+def test_outputs_follow_one_scheme_and_old_names_are_found(tmp_path: Path) -> None:
+    from reward_server.eval.common import old_outputs, output
+
+    assert output(tmp_path, "nli", "eval.json") == tmp_path / "nli_eval.json"
+    assert output(tmp_path, "parl", "samples.jsonl") == tmp_path / "parl_samples.jsonl"
+    assert old_outputs(tmp_path, "nli") == []
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "confusion.png").write_bytes(b"")
+    assert old_outputs(tmp_path, "nli") == [tmp_path / "summary.json", tmp_path / "confusion.png"]
+    assert old_outputs(tmp_path, "parl") == []
