@@ -317,7 +317,7 @@ class HttpDoor:
         return json_response(body, 200 if serving else 503)
 
     async def _metrics(self, request: Request) -> Response:
-        body, content_type = metrics.exposition()
+        body, content_type = await asyncio.to_thread(metrics.exposition)  # off the event loop
         return Response(body, 200, media_type=content_type)
 
     async def _openrlhf(self, request: Request) -> Response:
