@@ -131,7 +131,7 @@ class _Call:
         UNKNOWN, as gRPC answers it."""
         if isinstance(exc, grpc.aio.AbortError):
             return
-        if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):  # GeneratorExit: a stream closed
             remaining = context.time_remaining()
             self.status = ("DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0
                            else "CANCELLED")
