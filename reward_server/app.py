@@ -25,6 +25,7 @@ from reward_server import tracing
 from reward_server.backends.settings import JudgeNLISettings
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
+from reward_server.metrics import MetricsServer
 from reward_server.rpc.http import HttpDoor
 from reward_server.rpc.server import RewardGrpcServer, create_server
 from reward_server.rpc.settings import host_port
@@ -76,6 +77,7 @@ class RewardApp:
     server: RewardGrpcServer
     port: int
     http: HttpDoor | None = None
+    metrics: MetricsServer | None = None
 
     @property
     def target(self) -> str:
@@ -85,11 +87,18 @@ class RewardApp:
     def http_port(self) -> int | None:
         return None if self.http is None else self.http.port
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The metrics port bound (None: off)."""
+        return None if self.metrics is None else self.metrics.port
+
     async def _close(self) -> None:
         try:
             if self.http is not None:
                 await self.http.stop()
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             await self.engines.close()
 
     async def wait_for_termination(self) -> None:
@@ -124,18 +133,20 @@ async def start_app(
     if http.port is not None:
         check_port_free(http.host or config.server.host, http.port,
                         setting="--http-port / server.http.port or server.http.host")
+    if config.server.metrics_port is not None:
+        check_port_free(config.server.host, config.server.metrics_port,
+                        setting="server.metrics_port (null: no metrics port)")
     tracing.configure(enabled=config.server.tracing.enabled,
                       otlp_endpoint=config.server.tracing.otlp_endpoint)
     engines = start_engines(
         config.engines, config.serving, judge_factory=judge_factory, nli_factory=nli_factory
     )
+    metrics_server: MetricsServer | None = None
     try:
         service = build_service(config, engines)
         server, port = create_server(config.server, service, health_probe=engines.health)
         if config.server.metrics_port is not None:
-            from reward_server.metrics import start_metrics_server
-
-            start_metrics_server(config.server.metrics_port, addr=config.server.host)
+            metrics_server = MetricsServer(config.server.metrics_port, addr=config.server.host)
         door = None
         if http.port is not None:
             door = HttpDoor(config.server, server.servicer, server.monitor)
@@ -147,6 +158,8 @@ async def start_app(
                 await server.stop(0, drain_delay=0)
                 raise
     except BaseException:
+        if metrics_server is not None:
+            metrics_server.close()
         await engines.close()
         raise
     logger.info(
@@ -155,7 +168,7 @@ async def start_app(
         config.serving.mode, ", FAKE ENGINES" if config.engines.fake else "",
     )
     return RewardApp(config=config, engines=engines, service=service, server=server, port=port,
-                     http=door)
+                     http=door, metrics=metrics_server)
 
 
 def check_port_free(

@@ -1,9 +1,13 @@
 """Prometheus metrics of one reward-server process (the gRPC ingress and its engine adapters).
 
 Every metric has a fixed, small label set (no per-user or per-item labels), so cardinality is
-bounded. The rpc layer calls :func:`observe_call` and :func:`observe_items`; the Ray adapters
-call :func:`observe_engine_call` and :func:`track_in_flight`; batchers call
-:func:`observe_batch`. :func:`start_metrics_server` exposes them on ``/metrics``.
+bounded. The rpc layer calls :func:`observe_call` (per transport: ``grpc`` or ``http``) and
+:func:`observe_item` / :func:`observe_failed_items`; the Ray adapters call
+:func:`observe_engine_call` and :func:`track_in_flight`; batchers call :func:`observe_batch` and
+:func:`observe_queue_wait`. :func:`exposition` renders them (with gRPC's standard server
+metrics, :mod:`reward_server.rpc.grpc_metrics`, which export to the same registry) for the HTTP
+door's ``GET /metrics``; :class:`MetricsServer` serves them on ``server.metrics_port``.
+The names are listed in docs/metrics.md.
 
 Ray Serve replicas live in other processes: the batch sizes they form are exported through
 Ray's own metrics pipeline (``ray.serve.metrics``, scraped from each Ray node's metrics export
@@ -17,7 +21,15 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -26,18 +38,37 @@ _LATENCY_BUCKETS = (
     120.0, 300.0,
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# rewards: [0, 1] for rubric scores, [-1, 1] for PARL and NLICV rewards, penalties below
+_REWARD_BUCKETS = tuple(round(-1.0 + 0.1 * i, 1) for i in range(21))
+ITEM_FAILED = "failed"  # items of a Score call that failed: what a trainer masks
 
 RPC_CALLS = Counter(
-    "reward_server_rpc_calls_total", "gRPC calls finished, by method and status code.",
-    ("rpc", "code"),
+    "reward_server_rpc_calls_total", "reward.v1 calls finished, by method, status code and "
+    "transport (grpc: the gRPC port; http: the HTTP/JSON door).",
+    ("rpc", "code", "transport"),
 )
 RPC_LATENCY = Histogram(
-    "reward_server_rpc_latency_seconds", "gRPC call latency, by method and status code.",
-    ("rpc", "code"), buckets=_LATENCY_BUCKETS,
+    "reward_server_rpc_latency_seconds", "reward.v1 call latency, by method, status code and "
+    "transport.", ("rpc", "code", "transport"), buckets=_LATENCY_BUCKETS,
 )
 ITEMS = Counter(
-    "reward_server_items_total", "Scored items, by reward kind and item status.",
-    ("kind", "status"),
+    "reward_server_items_total", "Score items, by reward kind and outcome: ok, policy_invalid "
+    "(answered with the policy-invalid penalty), failed (the call failed, e.g. an engine was "
+    "down: trainers mask these samples).", ("kind", "status"),
+)
+REWARDS = Histogram(
+    "reward_server_reward", "Rewards answered, by reward kind and item status.",
+    ("kind", "status"), buckets=_REWARD_BUCKETS,
+)
+REWARD_SUM = Gauge(  # the histogram has no _sum: prometheus_client drops it with negative buckets
+    "reward_server_reward_running_sum", "Sum of the rewards answered since the process started, "
+    "by reward kind and item status (mean reward: its delta over reward_server_reward_count's "
+    "increase).", ("kind", "status"),
+)
+QUEUE_WAIT = Histogram(
+    "reward_server_batch_queue_wait_seconds", "How long an engine batch formed in this process "
+    "waited from its first item to its engine call (batching wait plus busy engine slots).",
+    ("deployment",), buckets=_LATENCY_BUCKETS,
 )
 BATCH_ITEMS = Histogram(
     "reward_server_batch_items", "Items per engine batch formed in this process.",
@@ -69,22 +100,36 @@ REFUSED = Counter(
 )
 
 
-def observe_call(rpc: str, code: str, seconds: float) -> None:
-    """One finished gRPC call: ``rpc`` is the method name (Score, Verify, ...), ``code`` the
-    gRPC status code name (OK, RESOURCE_EXHAUSTED, ...)."""
-    RPC_CALLS.labels(rpc, code).inc()
-    RPC_LATENCY.labels(rpc, code).observe(seconds)
+def observe_call(rpc: str, code: str, seconds: float, *, transport: str) -> None:
+    """One finished reward.v1 call: ``rpc`` is the method name (Score, Verify, ...), ``code``
+    the gRPC status code name (OK, RESOURCE_EXHAUSTED, ...), ``transport`` grpc or http."""
+    RPC_CALLS.labels(rpc, code, transport).inc()
+    RPC_LATENCY.labels(rpc, code, transport).observe(seconds)
 
 
-def observe_items(kind: str, status: str, n: int = 1) -> None:
-    """``n`` items of reward ``kind`` (rubric_score, parl_reward, ...) ended with ``status``."""
+def observe_item(kind: str, status: str, reward: float | None) -> None:
+    """One item of reward ``kind`` (rubric_score, parl_reward, ...) answered with ``status``
+    (ok, policy_invalid) and ``reward``."""
+    ITEMS.labels(kind, status).inc()
+    if reward is not None:
+        REWARDS.labels(kind, status).observe(reward)
+        REWARD_SUM.labels(kind, status).inc(reward)
+
+
+def observe_failed_items(kind: str, n: int) -> None:
+    """``n`` items of reward ``kind`` were in a Score call that failed (no reward answered)."""
     if n > 0:
-        ITEMS.labels(kind, status).inc(n)
+        ITEMS.labels(kind, ITEM_FAILED).inc(n)
 
 
 def observe_batch(deployment: str, size: int) -> None:
     """One engine batch of ``size`` items was formed for ``deployment`` (judge, nli)."""
     BATCH_ITEMS.labels(deployment).observe(size)
+
+
+def observe_queue_wait(deployment: str, seconds: float) -> None:
+    """A batch for ``deployment`` waited ``seconds`` before its engine call started."""
+    QUEUE_WAIT.labels(deployment).observe(seconds)
 
 
 def observe_engine_call(deployment: str, method: str, outcome: str, seconds: float) -> None:
@@ -116,12 +161,28 @@ def track_in_flight(deployment: str) -> Iterator[None]:
         gauge.dec()
 
 
-def start_metrics_server(port: int, *, addr: str = "127.0.0.1") -> int:
-    """Serve ``/metrics`` (Prometheus text format) on ``addr:port`` from a daemon thread.
+def exposition() -> tuple[bytes, str]:
+    """Every metric of this process in Prometheus' text format, and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
-    ``port=0`` picks a free port. Returns the port bound.
-    """
-    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
-    bound = int(server.server_port)
-    logger.info("Prometheus metrics on http://%s:%d/metrics", addr, bound)
-    return bound
+
+class MetricsServer:
+    """``/metrics`` (Prometheus text format) on its own port, from a daemon thread."""
+
+    def __init__(self, port: int, *, addr: str = "127.0.0.1") -> None:
+        self._server, self._thread = start_http_server(port, addr=addr, registry=REGISTRY)
+        self.port = int(self._server.server_port)
+        logger.info("Prometheus metrics on http://%s:%d/metrics",
+                    f"[{addr}]" if ":" in addr else addr, self.port)
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_metrics_server(port: int, *, addr: str = "127.0.0.1") -> int:
+    """Serve ``/metrics`` on ``addr:port`` (``port=0`` picks a free one) for the rest of the
+    process; returns the port bound. :class:`MetricsServer` can be closed."""
+    return MetricsServer(port, addr=addr).port

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,8 @@ def jsonl_callback(log_path: Path, max_steps: int) -> Any:
 
 def plot_rewards(log_path: Path, png: Path, *, title: str = "GRPO reward per step") -> Path | None:
     """Reward per step (mean and the band of one std) over the reward's components per step
-    (components outside [0, 1], such as counts, on a right-hand axis); integer step ticks.
-    None when the log has no step yet."""
+    (those in [0, 1] in one panel, the rest, such as counts, in a panel of their own); integer
+    step ticks; legends beside the panels, never over data. None when the log has no step yet."""
     if not Path(log_path).is_file():
         logger.warning("no run log at %s: nothing to plot", log_path)
         return None
@@ -117,9 +118,15 @@ def plot_rewards(log_path: Path, png: Path, *, title: str = "GRPO reward per ste
     return Path(png)
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
 def reward_figure(rows: Sequence[dict[str, float]], *, title: str) -> Any:
     """The figure of :func:`plot_rewards` from :func:`reward_rows` (matplotlib, Agg backend);
-    the caller saves and closes it."""
+    the caller saves and closes it. Components equal at every step are drawn as one line whose
+    legend entry names them all (``all_satisfied = policy_invalid``), so none hides behind
+    another; every line has its own marker and dash, and its legend entry its last value."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,53 +137,73 @@ def reward_figure(rows: Sequence[dict[str, float]], *, title: str) -> Any:
     mean = [r["reward"] for r in rows]
     std = [r["reward_std"] for r in rows]
     names = sorted({k for r in rows for k in r if k.startswith("reward/")})
-    fig, (ax, cax) = plt.subplots(2, 1, sharex=True, figsize=(8, 6.5),
-                                  gridspec_kw={"height_ratios": [3, 2]})
-    ax.plot(steps, mean, marker="o", label="reward (mean)")
+    values = {n: [(r["step"], r[n]) for r in rows if n in r] for n in names}
+    unit = [n for n in names if all(0.0 <= v <= 1.0 for _, v in values[n])]
+    other = [n for n in names if n not in unit]
+    heights = [3.0, 2.4] + ([1.4] if other else [])
+    fig, axes = plt.subplots(len(heights), 1, sharex=True, figsize=(9.5, 2.2 * sum(heights) / 2.4 + 1.2),
+                             gridspec_kw={"height_ratios": heights}, layout="constrained")
+    ax, cax = axes[0], axes[1]
+    ax.plot(steps, mean, marker="o", label=f"reward (mean), last {mean[-1]:.3g}")
     ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
-                    [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="± std")
+                    [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2, label="± 1 std")
     ax.set_ylabel("reward")
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="best", fontsize=8)
-    _plot_components(cax, rows, names)
+    _beside(ax)
+    colors = _colors(len(names))
+    if not names:
+        cax.text(0.5, 0.5, "no reward components in the log", ha="center", va="center",
+                 transform=cax.transAxes)
+    _plot_components(cax, unit, values, colors={n: colors[names.index(n)] for n in names})
+    cax.set_ylabel("component (0..1)")
+    if unit:
+        cax.set_ylim(-0.06, 1.06)  # a line at 0 or 1 is not drawn on the frame
+    if other:
+        _plot_components(axes[2], other, values, colors={n: colors[names.index(n)] for n in names})
+        axes[2].set_ylabel("component\n(other scale)")
+        axes[2].margins(y=0.15)  # the extremes not on the frame
+    last = axes[-1]
     distinct = sorted(set(steps))
     if len(distinct) <= 12:  # every step its tick (one step included)
-        cax.set_xticks(distinct)
+        last.set_xticks(distinct)
     else:
-        cax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        last.xaxis.set_major_locator(MaxNLocator(integer=True))
     if len(distinct) == 1:
-        cax.set_xlim(distinct[0] - 0.5, distinct[0] + 0.5)
-    cax.set_xlabel("step")
-    fig.tight_layout()
+        last.set_xlim(distinct[0] - 0.5, distinct[0] + 0.5)
+    last.set_xlabel("step")
     return fig
 
 
+def _beside(ax: Any) -> None:
+    """The legend to the right of ``ax``, outside the data area."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+                  borderaxespad=0.0)
+
+
 def _colors(n: int) -> list[Any]:
-    """n distinct colours (tab10, tab20 beyond ten), one per component across both axes."""
+    """n distinct colours (tab10, tab20 beyond ten), one per component across the panels."""
     import matplotlib
 
     cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _plot_components(ax: Any, rows: Sequence[dict[str, float]], names: Sequence[str]) -> None:
-    if not names:
-        ax.text(0.5, 0.5, "no reward components in the log", ha="center", va="center",
-                transform=ax.transAxes)
-        return
-    values = {n: [(r["step"], r[n]) for r in rows if n in r] for n in names}
-    unit = [n for n in names if all(0.0 <= v <= 1.0 for _, v in values[n])]
-    other = [n for n in names if n not in unit]
-    right = ax.twinx() if other and unit else None
-    colors = _colors(len(names))
-    for axis, group, style in ((ax, unit, "-"), (right or ax, other, "--")):
-        for n in group:
-            xs, ys = zip(*values[n], strict=True)
-            axis.plot(xs, ys, style, marker=".", color=colors[names.index(n)],
-                      label=n.split("/", 1)[1])
-    ax.set_ylabel("component (0..1)" if unit else "component")
-    if right is not None:
-        right.set_ylabel("component (other scale, dashed)")
-    handles = [h for a in (ax, right) if a is not None for h in a.get_legend_handles_labels()[0]]
-    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.08 if right else 1.01, 0.5),
-              fontsize=7, frameon=False)
+def same_series(names: Sequence[str], values: dict[str, list[tuple[float, float]]]) -> list[list[str]]:
+    """``names`` grouped by identical (step, value) series, in first-seen order."""
+    groups: dict[tuple[tuple[float, float], ...], list[str]] = {}
+    for n in names:
+        groups.setdefault(tuple(values[n]), []).append(n)
+    return list(groups.values())
+
+
+def _plot_components(ax: Any, names: Sequence[str], values: dict[str, list[tuple[float, float]]],
+                     *, colors: dict[str, Any]) -> None:
+    for i, group in enumerate(same_series(names, values)):
+        xs, ys = zip(*values[group[0]], strict=True)
+        label = textwrap.fill(" = ".join(n.split("/", 1)[1] for n in group), 44)
+        constant = len(set(ys)) == 1
+        ax.plot(xs, ys, LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
+                markersize=5, color=colors[group[0]], linewidth=1.4,
+                label=f"{label}: {'constant ' if constant else 'last '}{ys[-1]:.3g}")
+    _beside(ax)

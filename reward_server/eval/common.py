@@ -71,6 +71,22 @@ def write_json(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     return loaded
 
 
+# One scheme for every eval command's --out folder: <command>_eval.json (the source of truth),
+# <command>_samples.jsonl (one line per evaluated item), <command>_<figure>.png (rendered from the
+# JSON). The names ``eval nli`` wrote before it followed the scheme:
+OLD_NAMES = {"nli": ("summary.json", "results.jsonl", "confusion.png", "robustness.png")}
+
+
+def output(out: Path, command: str, what: str) -> Path:
+    """``<out>/<command>_<what>``: ``output(out, "nli", "eval.json")`` is ``out/nli_eval.json``."""
+    return out / f"{command}_{what}"
+
+
+def old_outputs(out: Path, command: str) -> list[Path]:
+    """Files of ``command``'s earlier naming left in ``out`` (a rerun does not overwrite them)."""
+    return [out / name for name in OLD_NAMES.get(command, ()) if (out / name).is_file()]
+
+
 @dataclass
 class Cost:
     """Wall time one evaluator spent on its items (model loading excluded)."""

@@ -9,9 +9,11 @@ the NLI verifier's regimes, confusion matrix and Mean Acc (Tables 2-3 shape) and
 Table 1's robustness experiment, the NLI verifier and every classic metric before and after
 a seeded synonym perturbation (:mod:`reward_server.eval.robustness`).
 
-Outputs in ``--out``: ``summary.json`` (the source of truth), ``results.jsonl`` (per item:
-verifier S_c, S_a, regime, truncation, evidence with ``--evidence``, the judge's answer),
-``confusion.png`` and ``robustness.png`` rendered from the JSON; the tables go to stdout.
+Outputs in ``--out`` (named as every eval command's, :func:`reward_server.eval.common.output`):
+``nli_eval.json`` (the source of truth), ``nli_samples.jsonl`` (per item: verifier S_c, S_a,
+regime, truncation, evidence with ``--evidence``, the judge's answer), ``nli_confusion.png`` and
+``nli_robustness.png`` rendered from the JSON; the tables go to stdout. (Before, these were
+``summary.json``, ``results.jsonl``, ``confusion.png``, ``robustness.png``.)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from reward_server.config import RewardServerConfig, load_config
 from reward_server.domain import Regime, Verification
 from reward_server.eval import progress_bar
 from reward_server.eval.classic import ClassicMetrics, add_classic_args, classic_settings
-from reward_server.eval.common import Cost, add_config_args, overrides, write_json
+from reward_server.eval.common import Cost, add_config_args, old_outputs, output, overrides, write_json
 from reward_server.eval.nli_report import format_all, write_confusion, write_robustness
 from reward_server.eval.robustness import DEFAULT_RATES, Pair, describe, perturbed_responses, read_pairs, table
 from reward_server.nli.llm_judge import JUDGE_TEMPLATE_VERSION, JudgeVerdict, judge_request, parse_judge_answer
@@ -271,16 +273,21 @@ def run_nli_eval(
     doc["cost"] = [c.to_dict() for c in costs]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "summary.json"]
-    doc = write_json(out / "summary.json", doc)
+    summary = output(out, "nli", "eval.json")
+    written = [summary]
+    doc = write_json(summary, doc)
     if records:
-        with (out / "results.jsonl").open("w", encoding="utf-8") as f:
+        samples = output(out, "nli", "samples.jsonl")
+        with samples.open("w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-        written.append(out / "results.jsonl")
+        written.append(samples)
     if not args.no_plot:
         for name, writer in (("confusion.png", write_confusion), ("robustness.png", write_robustness)):
-            if writer(doc, out / name):
-                written.append(out / name)
+            if writer(doc, output(out, "nli", name)):
+                written.append(output(out, "nli", name))
     print(format_all(doc))
     print("wrote " + ", ".join(str(p) for p in written))
+    if old := old_outputs(out, "nli"):
+        print(f"note: {', '.join(str(p) for p in old)} in {out} are from an earlier run (names before "
+              "nli_eval.json, nli_samples.jsonl, nli_*.png); not updated", file=sys.stderr)
     return 0

@@ -124,6 +124,7 @@ def write_confusion(doc: Mapping[str, Any], path: Path) -> bool:
         grid = [[*list(row), by.get(g, {}).get("unanswered", 0)]
                 for g, row in zip(CONFUSION_ORDER, s["confusion"]["gold_x_predicted"], strict=True)]  # fmt: skip
         ax.imshow(grid, cmap="Blues", vmin=0)
+        ax.axvline(len(CONFUSION_ORDER) - 0.5, color="black", linewidth=1.5)  # regimes | no answer
         ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right")
         ax.set_yticks(range(4), CONFUSION_ORDER)
         ax.set_xlabel("predicted regime")

@@ -8,10 +8,11 @@ Per method: user-level and rubric-level accuracy of the rubrics (ours, judged by
 ``engines.judge`` p_yes), the holistic LLM-as-judge 1-5 score normalised by (s-1)/4 (the same
 judge, sampled answers, :mod:`reward_server.rubric.holistic`), the classic metrics against the
 ground truth (:mod:`reward_server.eval.classic`), Max-Diff with its paired t-test for both
-judges, coverage, and the cost per item of every evaluator. Outputs in ``--out``:
-``parl_eval.json`` (the source of truth), ``parl_eval.png`` (rendered from it),
-``parl_samples.jsonl`` (per method and sample: rule p_yes, the judge's answer, classic scores); the table is
-printed on stdout, progress bars run on stderr.
+judges, coverage, and the cost per item of every evaluator. Outputs in ``--out`` (named as every
+eval command's, :func:`reward_server.eval.common.output`): ``parl_eval.json`` (the source of
+truth), ``parl_eval.png`` (rendered from it), ``parl_samples.jsonl`` (per method and sample:
+rule p_yes, the judge's answer, classic scores); the table is printed on stdout, progress bars
+run on stderr.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from reward_server.backends.base import JudgeEngine, JudgePrompt
 from reward_server.domain import HistoryItem, Task
 from reward_server.eval import progress_bar
 from reward_server.eval.classic import ClassicMetrics, ClassicSettings, add_classic_args, classic_settings
-from reward_server.eval.common import Cost, add_config_args, overrides, write_json
+from reward_server.eval.common import Cost, add_config_args, output, overrides, write_json
 from reward_server.eval.parl_io import Sample, UserRubric, read_history, read_methods, read_rubrics
 from reward_server.eval.parl_report import format_table, plot, summarize
 from reward_server.rubric.holistic import (
@@ -258,12 +259,13 @@ def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | Non
     if args.no_llm_judge:
         result["llm_judge"] = {"missing": "--no-llm-judge"}
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = write_json(args.out / "parl_eval.json", result)
-    with (args.out / "parl_samples.jsonl").open("w", encoding="utf-8") as f:
+    doc = write_json(output(args.out, "parl", "eval.json"), result)
+    samples = output(args.out, "parl", "samples.jsonl")
+    with samples.open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
-    written = [args.out / "parl_eval.json", args.out / "parl_samples.jsonl"]
-    if not args.no_plot and plot(doc, args.out / "parl_eval.png"):
-        written.append(args.out / "parl_eval.png")
+    written = [output(args.out, "parl", "eval.json"), samples]
+    if not args.no_plot and plot(doc, output(args.out, "parl", "eval.png")):
+        written.append(output(args.out, "parl", "eval.png"))
     print(format_table(doc))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -1,13 +1,15 @@
 """Readable bar and line charts for the eval commands (matplotlib, the ``eval`` extra).
 
-Every bar carries its value; a missing value is written ``n/a`` where its bar would be, and a
-zero bar is drawn as a visible outline on the axis with its ``0.0`` label.
+Every bar carries its value; a missing value is written ``n/a`` where its bar would be (and the
+legend says what n/a means), and a zero bar is drawn as a visible outline on the axis with its
+``0.0`` label. Legends sit beside the axes, never over bars or their labels.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,12 +64,25 @@ def grouped_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.legend(fontsize=7, loc="upper right", ncol=min(3, n))
+    handles, labels = ax.get_legend_handles_labels()
+    if any(_missing(v) for values in series.values() for v in values):
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(visible=False))
+        labels.append("n/a: no value (none valid or not run; the JSON says why)")
+    beside(ax, handles, labels)
+
+
+def beside(ax: Any, handles: Sequence[Any], labels: Sequence[str]) -> None:
+    """The legend to the right of ``ax`` (outside its data area), long labels wrapped."""
+    ax.legend(handles, [textwrap.fill(label, 30) for label in labels], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
 
 
 def save(fig: Any, path: Path) -> None:
+    """Write ``fig`` with everything drawn outside the axes (legends) inside the picture."""
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
     plt.close(fig)

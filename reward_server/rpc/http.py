@@ -7,6 +7,7 @@ Routes (docs/http.md)::
     POST /v1/verify           reward.v1.VerifyRequest        -> VerifyResponse
     GET  /v1/info (or POST)                                  -> InfoResponse
     GET  /v1/health           {"status": "SERVING" | "NOT_SERVING", "down": {engine: why}}
+    GET  /metrics             Prometheus text format (docs/metrics.md); open, as health is
     POST /openrlhf/reward     OpenRLHF's remote reward protocol (reward_server.rpc.openrlhf)
 
 Bodies are the proto3 JSON mapping in one convention (:mod:`reward_server.rpc.jsonmap`). Every
@@ -43,6 +44,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from reward_server import metrics
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError, DeadlineExceeded, InvalidRequest, Unauthenticated
 from reward_server.rpc import jsonlimits, jsonmap, openrlhf
@@ -163,6 +165,7 @@ class HttpDoor:
             Route("/v1/info", self._info, methods=["GET", "POST"]),
             Route("/v1/health", self._health, methods=["GET"]),
             Route("/openrlhf/reward", self._openrlhf, methods=["POST"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
         ]
         self.routes = Starlette(routes=routes)
         http = settings.http
@@ -312,6 +315,10 @@ class HttpDoor:
         serving = bool(self._monitor.serving)
         body = {"status": "SERVING" if serving else "NOT_SERVING", "down": dict(self._monitor.down)}
         return json_response(body, 200 if serving else 503)
+
+    async def _metrics(self, request: Request) -> Response:
+        body, content_type = await asyncio.to_thread(metrics.exposition)  # off the event loop
+        return Response(body, 200, media_type=content_type)
 
     async def _openrlhf(self, request: Request) -> Response:
         if (refused := not_json(request)) is not None:

@@ -32,6 +32,7 @@ from grpc_health.v1._async import HealthServicer
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
+from reward_server.rpc.grpc_metrics import GrpcMetricsInterceptor
 from reward_server.rpc.health import HealthMonitor, Probe
 from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
@@ -208,7 +209,8 @@ def create_server(
     """
     s = settings
     _fit_open_files(s.max_connections)
-    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
+    # first: the calls the token check refuses are counted too
+    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [GrpcMetricsInterceptor()]
     if s.auth_token is not None:
         interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))
     server = grpc.aio.server(

@@ -23,6 +23,7 @@ gate, the count of calls in flight, admission and the work of each method.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -227,7 +228,7 @@ class RewardServicer:
                     if not self._active:
                         self._idle.set()
                 seconds = time.perf_counter() - start
-                metrics.observe_call(rpc, code_name, seconds)
+                metrics.observe_call(rpc, code_name, seconds, transport=transport)
                 logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
     async def _run(self, rpc: str, requests: Requests, context: Context) -> Any:
@@ -283,9 +284,14 @@ class RewardServicer:
         )
         judgments = validator.total(judgments, "items")
         tracing.set_attribute(current, "items", len(items))
-        results = await self._service.score(items, ticket=ticket, judgments=judgments)
+        try:
+            results = await self._service.score(items, ticket=ticket, judgments=judgments)
+        except Exception:
+            for kind, n in collections.Counter(d.kind_of(i.spec).value for i in items).items():
+                metrics.observe_failed_items(kind, n)
+            raise
         for item, result in zip(items, results, strict=True):
-            metrics.observe_items(d.kind_of(item.spec).value, result.status.value)
+            metrics.observe_item(d.kind_of(item.spec).value, result.status.value, result.reward)
         return await convert.score_response(results)
 
     async def _induce(self, raw: bytes, ticket: Ticket, current: Any) -> pb.InduceRubricsResponse:

@@ -175,7 +175,9 @@ class ServerSettings(_Frozen):
     tls_key_file: Path | None = Field(None, description="PEM private key for tls_cert_file.")
     reflection: bool = Field(True, description="Serve gRPC server reflection (grpcurl).")
     metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Serve Prometheus /metrics on this port; None: off."
+        0, ge=0, le=65535, description="Serve Prometheus GET /metrics (docs/metrics.md) on this "
+        "port of server.host; 0 picks a free one (logged at start). None: no metrics port (the "
+        "HTTP door, when on, still serves GET /metrics)."
     )
     http: HttpSettings = Field(default_factory=HttpSettings, description="The HTTP/JSON door.")
     tracing: TracingSettings = Field(

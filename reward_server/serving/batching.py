@@ -63,6 +63,7 @@ class _Batch(Generic[Q, R]):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.items: list[Q] = []
         self.future: asyncio.Future[list[R]] = loop.create_future()
+        self.created = loop.time()
 
 
 class Batcher(Generic[Q, R]):
@@ -157,6 +158,7 @@ class Batcher(Generic[Q, R]):
         n = len(batch.items)
         self.stats.record(n)
         metrics.observe_batch(self._name, n)
+        metrics.observe_queue_wait(self._name, asyncio.get_running_loop().time() - batch.created)
         try:
             with tracing.span(f"engine.{self._name}", items=n):
                 results = await self._fn(batch.items)

@@ -173,6 +173,8 @@ async def test_prometheus_counts_calls_and_items(fake_server) -> None:
     from prometheus_client import REGISTRY
 
     def value(name: str, labels: dict[str, str]) -> float:
+        if name == "reward_server_rpc_calls_total":
+            labels = {**labels, "transport": "grpc"}  # the gRPC door's calls
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
     before_ok = value("reward_server_rpc_calls_total", {"rpc": "Score", "code": "OK"})

@@ -88,7 +88,7 @@ def test_eval_nli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         return FakeJudge(scripted=['Both checked. {"correct": 0.9, "aligned": 0.2}'])
 
     assert run_nli_eval(args, judge_factory=judge) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "nli_eval.json").read_text())
     assert summary["mean_acc"] == pytest.approx(0.75)
     assert summary["n_items"] == 5 and summary["n_labelled"] == 4
     assert summary["confusion"]["gold_x_predicted"][3] == [0, 1, 0, 0]
@@ -99,14 +99,14 @@ def test_eval_nli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert j["invalid"] == {"unparsable": 0, "out_of_range": 0}
     assert [c["method"] for c in summary["cost"]] == ["NLI verifier (regimes)", "LLM-as-judge (JSON)"]
     assert all(c["items"] == 5 and c["s_per_item"] > 0 for c in summary["cost"])
-    lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (out / "nli_samples.jsonl").read_text().splitlines()]
     assert [x["regime"] for x in lines] == [
         "personalization", "generalization", "sycophancy", "generalization", "failure"
     ]  # fmt: skip
     assert lines[4]["id"] == "5" and lines[0]["evidence"][0]["critical_premise"] == [0]
     assert lines[0]["judge"] == {"s_correct": 0.9, "s_aligned": 0.2, "status": "ok", "regime": "generalization",
                                  "answer": 'Both checked. {"correct": 0.9, "aligned": 0.2}'}  # fmt: skip
-    assert (out / "confusion.png").stat().st_size > 1000 and not (out / "robustness.png").exists()
+    assert (out / "nli_confusion.png").stat().st_size > 1000 and not (out / "nli_robustness.png").exists()
     table = capsys.readouterr().out
     assert "NLI verifier fake-nli" in table and "LLM-as-judge fake-judge" in table and "75.00" in table
 
@@ -117,7 +117,7 @@ def test_shipped_example_every_column(tmp_path: Path, capsys: pytest.CaptureFixt
     args = parse(["--input", str(ex / "items.jsonl"), "--pairs", str(ex / "pairs.jsonl"), "--out", str(out),
                   "--fake", "--no-progress", "--rates", "0,0.5,1"])  # fmt: skip
     assert run_nli_eval(args) == 0
-    doc = json.loads((out / "summary.json").read_text())
+    doc = json.loads((out / "nli_eval.json").read_text())
     assert doc["n_labelled"] == 40 and {r["regime"] for r in doc["per_regime"]} == {r.value for r in Regime}
     j = doc["llm_judge"]  # the fake judge's answers are rubric JSON, never a verdict: all counted wrong
     assert j["invalid"]["unparsable"] == 40 and j["mean_acc"] == 0.0 and j["unanswered"] == 40
@@ -133,7 +133,7 @@ def test_shipped_example_every_column(tmp_path: Path, capsys: pytest.CaptureFixt
     assert costs >= {"NLI verifier (regimes)", "LLM-as-judge (JSON)", "NLI verifier (pairs)"}
     table = capsys.readouterr().out
     assert "Table 1 shape" in table and "Table 3 shape" in table and "Cost per item" in table
-    assert (out / "robustness.png").is_file() and (out / "confusion.png").is_file()
+    assert (out / "nli_robustness.png").is_file() and (out / "nli_confusion.png").is_file()
 
 
 def test_nothing_to_do_and_missing_judge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,6 +142,18 @@ def test_nothing_to_do_and_missing_judge(tmp_path: Path, capsys: pytest.CaptureF
     args = parse(["--input", str(ex / "items.jsonl"), "--out", str(tmp_path / "o"), "--set", "engines.nli.kind=fake",
                   "--no-progress", "--no-plot"])  # fmt: skip
     assert run_nli_eval(args) == 0
-    doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    doc = json.loads((tmp_path / "o" / "nli_eval.json").read_text())
     assert doc["llm_judge"] == {"missing": "engines.judge is not set (set it, or use --fake)"}
     assert "LLM-as-judge: not run" in capsys.readouterr().out
+
+
+def test_outputs_follow_one_scheme_and_old_names_are_found(tmp_path: Path) -> None:
+    from reward_server.eval.common import old_outputs, output
+
+    assert output(tmp_path, "nli", "eval.json") == tmp_path / "nli_eval.json"
+    assert output(tmp_path, "parl", "samples.jsonl") == tmp_path / "parl_samples.jsonl"
+    assert old_outputs(tmp_path, "nli") == []
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "confusion.png").write_bytes(b"")
+    assert old_outputs(tmp_path, "nli") == [tmp_path / "summary.json", tmp_path / "confusion.png"]
+    assert old_outputs(tmp_path, "parl") == []

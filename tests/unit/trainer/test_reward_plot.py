@@ -57,13 +57,46 @@ def test_trl_log_plot_has_integer_steps_components_kind_and_models(
     assert "rubric_score" in drawn and "TRL" in drawn
     assert "policy smollm2-local" in drawn and "judge smollm2-local" in drawn
     assert "NLI judge-as-nli:smollm2-local" in drawn
-    legend = [t.get_text() for t in comp_ax.get_legend().get_texts()]
-    # every component, the count on its own axis; the call's wait and the masking flag are not parts
-    assert sorted(legend) == ["all_satisfied", "fraction_satisfied", "mean_p_yes", "n_rules",
-                              "policy_invalid"]
-    lines = {ln.get_label(): ln for a in fig.axes[1:] for ln in a.get_lines()}
+    legend = [t.get_text() for a in fig.axes[1:] for t in a.get_legend().get_texts()]
+    # every component, the count in its own panel; the call's wait and the masking flag are not parts
+    assert sorted(legend) == ["all_satisfied: constant 0.25", "fraction_satisfied: last 0.18",
+                              "mean_p_yes: last 0.36", "n_rules: last 6",
+                              "policy_invalid: constant 0"]
+    lines = drawn_lines(fig)
     assert list(lines["mean_p_yes"].get_ydata()) == [0.47, 0.32, 0.36]
     assert list(lines["n_rules"].get_ydata()) == [4.0, 5.0, 6.0]
+    assert lines["n_rules"].axes is fig.axes[2]  # not on a twin axis over the 0..1 ones
+
+
+def drawn_lines(fig: Any) -> dict[str, Any]:
+    """component name -> the line that draws it (a line drawing several names them all)."""
+    out = {}
+    for a in fig.axes[1:]:
+        for line in a.get_lines():
+            for name in line.get_label().split(":", 1)[0].replace("\n", " ").split(" = "):
+                out[name.strip()] = line
+    return out
+
+
+def test_components_equal_at_every_step_share_one_labelled_line(tmp_path: Path) -> None:
+    rows = [{"step": s, "reward": 0.5, "reward_std": 0.1, "reward/policy_invalid": 0.0,
+             "reward/all_satisfied": 0.0, "reward/gamma": 0.0, "reward/mean_p_yes": 0.1 * s,
+             "reward/s_target": 0.1 * s} for s in (1, 2, 3)]
+    log = write_log(tmp_path / "run_log.jsonl", rows)
+    fig = rendered(tmp_path / "reward.png", log, "t")
+    comp_ax = fig.axes[1]
+    labels = [ln.get_label() for ln in comp_ax.get_lines()]
+    assert labels == ["all_satisfied = gamma = policy_invalid: constant 0",
+                      "mean_p_yes = s_target: last 0.3"]
+    styles = {(ln.get_marker(), ln.get_linestyle()) for ln in comp_ax.get_lines()}
+    assert len(styles) == 2  # each line its own marker and dash
+    # every legend sits outside its axes' data area (to the right)
+    fig.canvas.draw()
+    for a in fig.axes:
+        legend = a.get_legend()
+        assert legend is not None
+        box = legend.get_window_extent()
+        assert box.x0 >= a.get_window_extent().x1, (box, a.get_window_extent())
 
 
 def test_one_verl_step_still_gets_an_integer_tick(tmp_path: Path) -> None:
@@ -75,7 +108,7 @@ def test_one_verl_step_still_gets_an_integer_tick(tmp_path: Path) -> None:
     title = plot_title("verl (rubric_generator)", kinds=["parl_reward"], policy="Qwen/Qwen3-8B",
                        run_dir=tmp_path)  # no provenance.json: models unknown, said so
     fig = rendered(tmp_path / "reward.png", log, title)
-    assert integer_ticks(fig.axes[1]) == [1.0]
+    assert integer_ticks(fig.axes[-1]) == [1.0]
     assert "parl_reward" in fig.axes[0].get_title() and "judge ?" in fig.axes[0].get_title()
 
 
