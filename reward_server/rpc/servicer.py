@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.admission import Admission, Ticket
+from reward_server.admission import Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
 from reward_server.rpc.memory import Trimmer
@@ -50,6 +50,17 @@ Context = grpc.aio.ServicerContext[Any, Any]
 Requests = AsyncIterator[bytes]
 Work = Callable[[bytes, Ticket, Any], Awaitable[Message]]  # (request, ticket, span) -> response
 _FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
+
+
+def _previous_attempts(context: Context) -> int:
+    """gRPC's ``grpc-previous-rpc-attempts`` (sent on a retried attempt), 0 when absent."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "grpc-previous-rpc-attempts":
+            try:
+                return max(0, min(int(value), 1000))
+            except ValueError:
+                return 0
+    return 0
 
 
 class RewardServicer:
@@ -89,7 +100,7 @@ class RewardServicer:
             "Score": (self._score, True),
             "InduceRubrics": (self._induce, True),
             "Verify": (self._verify, True),
-            "Info": (self._info, False),
+            "Info": (self._info, False),  # admitted as a call, with no judgments
         }
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -165,12 +176,15 @@ class RewardServicer:
         time_remaining: Callable[[], float | None],
         transport: str,
         park: Callable[[], Awaitable[None]] | None = None,
+        attempts: int = 0,
     ) -> Message:
         """Method ``rpc`` of any transport: the draining gate, admission, the deadline
         (``time_remaining()`` seconds, None: ``server.default_timeout_s``), the request
         (``receive()``: its serialized message), the work, metrics, logs and the call's span.
         Raises what went wrong; the transport maps it with :mod:`reward_server.rpc.status`.
-        ``park``: awaited before a call that arrives while draining is refused."""
+        ``park``: awaited before a call that arrives while draining is refused; ``attempts``:
+        the client's previous attempts of this call (retried work goes first, see
+        :meth:`Admission.arrive`)."""
         work, admit = self._work[rpc]
         self.last_arrival = time.monotonic()
         start = time.perf_counter()
@@ -191,10 +205,11 @@ class RewardServicer:
                 remaining = time_remaining()
                 timeout = (self._settings.default_timeout_s if remaining is None
                            else max(0.0, remaining))
-                admission = self._service.admission if admit else Admission.off()
+                admission = self._service.admission
                 try:
                     async with asyncio.timeout(timeout):
-                        with admission.enter() as ticket:  # refused here when full: nothing read
+                        # refused here when full (Info holds a call, no judgments): nothing read
+                        with await admission.arrive(judged=admit, attempts=attempts) as ticket:
                             raw = await receive()
                             received = len(raw)
                             self._check_size(rpc, raw)
@@ -238,6 +253,7 @@ class RewardServicer:
                 response = await self.call(
                     rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
                     transport="grpc", park=lambda: self._refuse_draining(context),
+                    attempts=_previous_attempts(context),
                 )
                 nbytes = response.ByteSize()
                 self.unsent.hold(peer, nbytes)  # until gRPC has written it (or the call ends)
