@@ -204,10 +204,10 @@ class Admission:
     def _which_full(self, usual: int, judged: bool) -> tuple[str, str] | None:
         if self.max_calls is not None and self.calls and self.calls >= self.max_calls:
             return (f"{self.calls} calls in flight, limit {self.max_calls} "
-                    f"(service.admission: {self._sizing('calls')})", "calls")
+                    f"({self._sizing('calls')})", "calls")
         if judged and not self._fits(self.judgments, usual):
             return (f"{self.judgments} judgments in flight, limit {self.max_judgments} "
-                    f"(service.admission: {self._sizing('judgments')})", "judgments")
+                    f"({self._sizing('judgments')})", "judgments")
         return None
 
     def _room_error(self, usual: int, judged: bool, stage: str) -> Overloaded | None:
@@ -216,13 +216,14 @@ class Admission:
 
     def _sizing(self, what: str) -> str:
         cap = self.cap_calls if what == "calls" else self.cap_judgments
-        name = f"max_{what}_in_flight"
+        floor = self.min_calls if what == "calls" else self.min_judgments
+        name = f"service.admission.max_{what}_in_flight={cap}"
         if not self.adaptive:
-            return f"{name}={cap}"
+            return name
         target = self.target()
-        sized = ("not measured yet" if target is None
+        sized = ("nothing measured yet" if target is None
                  else f"measured throughput x {target * 1000:.0f} ms latency target")
-        return f"{sized}, between min_{what}_in_flight and {name}={cap}"
+        return f"{sized}, between service.admission.min_{what}_in_flight={floor} and {name}"
 
     def _usual(self) -> int:
         return round(min(self._call_judgments, self.max_judgments or 0))
@@ -333,7 +334,7 @@ class Admission:
         if not self._fits(others, judgments):
             raise self._refuse(
                 f"{others} judgments in flight and this call needs {judgments}, limit "
-                f"{self.max_judgments} (service.admission: {self._sizing('judgments')})",
+                f"{self.max_judgments} ({self._sizing('judgments')})",
                 "judgments", "after_parse",
             )
         if not ticket.calls:  # not through add_bytes (called from the service directly)
