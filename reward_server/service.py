@@ -279,6 +279,7 @@ class RewardService:
         out = {f"service.limits.{k}": str(getattr(lim, k)) for k in type(lim).model_fields}
         out["service.admission.enabled"] = str(self.settings.admission.enabled).lower()
         out["service.admission.max_judgments_in_flight"] = str(a.cap_judgments or "none")
+        out["service.admission.min_judgments_in_flight"] = str(a.min_judgments)
         out["service.admission.max_calls_in_flight"] = str(a.cap_calls or "none")
         out["service.admission.adaptive"] = str(a.adaptive).lower()
         out["service.admission.target_p99_s"] = str(a.target_s or "measured")

@@ -41,12 +41,22 @@ class Trimmer:
         self._last = 0.0
         self._running: asyncio.Future[int] | None = None
         self.trims = 0
+        self._later = False
+
+    def _again(self) -> None:
+        self._later = False
+        self.freed(0)
 
     def freed(self, nbytes: int) -> None:
         """``nbytes`` of a message were let go (call from the event loop)."""
         self._freed += nbytes
-        if (self._trim is None or self._freed < self._after or self._running is not None
-                or time.monotonic() - self._last < MIN_INTERVAL_S):
+        if self._trim is None or self._freed < self._after or self._running is not None:
+            return
+        wait = MIN_INTERVAL_S - (time.monotonic() - self._last)
+        if wait > 0:  # trimmed a moment ago: once more when the interval is over (the last
+            if not self._later:  # large free of a burst would otherwise stay untrimmed)
+                self._later = True
+                asyncio.get_running_loop().call_later(wait, self._again)
             return
         self._freed = 0
         self._last = time.monotonic()
