@@ -18,13 +18,14 @@ calls) and the configured caps. When the engines are faster than the work admitt
 under the target and the limit grows with the throughput it measures; when they slow down, it
 shrinks.
 
-**Fair order under overload.** A call that does not fit waits, at most ``max_wait_s`` and with at
-most ``max_waiting`` others, for room; the room freed goes first to the call with the most
-previous attempts (gRPC's ``grpc-previous-rpc-attempts``), then to the earliest, and a new call
-never passes a waiting one. When the waiting room is full a call with more attempts takes the
-place of the newest with fewer (which is refused at once). So a call retried on pushback rises
-above new arrivals with every attempt and completes while its deadline allows, with no unbounded
-queue.
+**Fair order under overload.** A first attempt that does not fit is refused at once. A retried
+call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
+``reward-previous-attempts``) that does not fit waits, at most ``max_wait_s`` and with at most
+``max_waiting`` others, for room; the room freed goes first to the call with the most previous
+attempts, then to the earliest, and a first attempt never passes a waiting call. When the waiting
+room is full a call with more attempts takes the place of the newest with fewer (which is
+refused at once). So a call retried on pushback rises above new arrivals with every attempt and
+completes while its deadline allows, with no unbounded queue.
 
 The transport asks in three steps, each before the heavier work that follows it:
 :meth:`Admission.arrive` (or :meth:`Admission.enter`, which does not wait) before reading the
@@ -245,12 +246,17 @@ class Admission:
         return Ticket(self, judged=judged)
 
     async def arrive(self, *, judged: bool = True, attempts: int = 0) -> Ticket:
-        """:meth:`enter`, in fair order: a call that does not fit (or finds others waiting)
-        waits for room up to ``max_wait_s`` beside at most ``max_waiting`` others, most
-        ``attempts`` (gRPC's previous attempts of this call) first; refused past that."""
-        no_wait = self.max_wait_s <= 0 or self.max_waiting <= 0
-        if no_wait or (not self._waiting and self._full(self._usual(), judged) is None):
-            return self.enter(judged=judged)
+        """:meth:`enter`, in fair order. A first attempt that does not fit, or finds retried
+        calls waiting, is refused at once; a retried call (``attempts``: gRPC's previous
+        attempts of this call) that does not fit waits for room up to ``max_wait_s`` beside at
+        most ``max_waiting`` others, most attempts first; refused past that."""
+        if not self._waiting or attempts <= 0 or self.max_wait_s <= 0 or self.max_waiting <= 0:
+            if self._waiting and attempts <= 0:  # never past a retried call that waits
+                raise self._waiting_full()
+            if attempts <= 0 or self.max_wait_s <= 0 or self.max_waiting <= 0:
+                return self.enter(judged=judged)  # a first attempt is refused at once
+            if self._full(self._usual(), judged) is None:
+                return self.enter(judged=judged)
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         entry = (-attempts, next(self._seq), fut, judged)
         if len(self._waiting) >= self.max_waiting:

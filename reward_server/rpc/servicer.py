@@ -52,15 +52,19 @@ Work = Callable[[bytes, Ticket, Any], Awaitable[Message]]  # (request, ticket, s
 _FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
 
 
+ATTEMPTS_KEYS = ("grpc-previous-rpc-attempts", "reward-previous-attempts")
+
+
 def _previous_attempts(context: Context) -> int:
-    """gRPC's ``grpc-previous-rpc-attempts`` (sent on a retried attempt), 0 when absent."""
+    """How often the client tried this call before: gRPC's ``grpc-previous-rpc-attempts``
+    (set by gRPC's own retries; applications cannot set it), or ``reward-previous-attempts``
+    (a client retrying by itself, past gRPC's 5 attempts); the larger, 0 when absent."""
+    attempts = 0
     for key, value in context.invocation_metadata() or ():
-        if key == "grpc-previous-rpc-attempts":
-            try:
-                return max(0, min(int(value), 1000))
-            except ValueError:
-                return 0
-    return 0
+        if key in ATTEMPTS_KEYS:
+            with contextlib.suppress(ValueError, TypeError):
+                attempts = max(attempts, min(int(value), 1000))
+    return attempts
 
 
 class RewardServicer:

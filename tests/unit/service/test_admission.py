@@ -197,19 +197,23 @@ async def test_room_goes_to_retried_calls_first_and_new_ones_never_pass_them() -
     first = await a.arrive()
     first.add_bytes(1)
     first.admit(100)  # full
+    with pytest.raises(Overloaded):
+        await a.arrive()  # a first attempt is refused at once
     order: list[int] = []
-    waiting = [asyncio.create_task(_waiter(a, n, order)) for n in (0, 2, 1)]
+    waiting = [asyncio.create_task(_waiter(a, n, order)) for n in (1, 3, 2)]
     await asyncio.sleep(0.01)
     assert len(a._waiting) == 3
-    late = asyncio.create_task(_waiter(a, 0, order))  # room full, fewer attempts than all
+    late = asyncio.create_task(_waiter(a, 1, order))  # room full, no more attempts than any
     await asyncio.sleep(0.01)
     assert late.done() and isinstance(late.exception(), Overloaded)
-    keen = asyncio.create_task(_waiter(a, 5, order))  # takes the place of the newest new call
+    keen = asyncio.create_task(_waiter(a, 5, order))  # takes the place of the newest, fewest
     await asyncio.sleep(0.01)
     assert isinstance(waiting[0].exception(), Overloaded)
     first.release()
+    with pytest.raises(Overloaded, match="wait for room"):
+        await a.arrive()  # room, but retried calls wait: a first attempt does not pass them
     await asyncio.gather(keen, waiting[1], waiting[2])
-    assert order == [5, 2, 1]
+    assert order == [5, 3, 2]
     assert (a.calls, a.judgments) == (0, 0)
 
 
