@@ -344,7 +344,7 @@ class RewardServicer:
         names = ("max_message_bytes", "max_concurrent_rpcs", "default_timeout_s",
                  "receive_timeout_s", "max_concurrent_streams", "max_connections",
                  "grace_period_s", "drain_delay_s", "max_unsent_response_bytes",
-                 "max_unsent_response_bytes_per_connection")
+                 "max_unsent_response_bytes_per_connection", "health_port")
         out = {f"server.{n}": str(getattr(s, n)) for n in names}
         out["server.http.port"] = str(s.http.port)  # the configured one (0: a free one)
         return out

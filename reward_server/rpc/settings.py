@@ -177,6 +177,12 @@ class ServerSettings(_Frozen):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Serve Prometheus /metrics on this port; None: off."
     )
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="Also serve grpc.health.v1 alone on this port (on "
+        "host, with TLS as the main port), with its own connection cap (64) and a 10 s idle "
+        "close, so that no flood of connections on the main port locks health checks out; "
+        "0 picks a free one. None: off."
+    )
     http: HttpSettings = Field(default_factory=HttpSettings, description="The HTTP/JSON door.")
     tracing: TracingSettings = Field(
         default_factory=TracingSettings, description="OpenTelemetry spans."

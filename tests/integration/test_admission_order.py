@@ -87,3 +87,34 @@ async def test_info_holds_a_call_slot() -> None:
             assert (await busy)[1] == "OK"
             assert (await ch.unary_unary(INFO)(pb.InfoRequest().SerializeToString(), timeout=5))
     assert code == "RESOURCE_EXHAUSTED" and "service.admission.max_calls_in_flight=1" in details
+
+
+async def _health(port: int) -> str:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        try:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                               timeout=2)
+        except grpc.aio.AioRpcError as e:
+            return e.code().name
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+async def test_the_health_port_keeps_its_slots_when_the_main_port_is_full() -> None:
+    """Connections that only send the HTTP/2 preface take every slot of the main port
+    (server.max_connections=4); health on server.health_port still answers."""
+    from .raw_h2 import RawH2
+
+    async with running_server(["server.max_connections=4", "server.health_port=0"]) as r:
+        grpc_server = r.app.server
+        assert grpc_server.health_port
+        idle = [await RawH2.open(r.port) for _ in range(8)]
+        try:
+            await asyncio.sleep(0.2)
+            main, own = await _health(r.port), await _health(grpc_server.health_port)
+        finally:
+            for c in idle:
+                await c.close()
+    assert own == "SERVING"
+    assert main != "SERVING", "the main port was expected to be full (else this test shows nothing)"
