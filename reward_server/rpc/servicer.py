@@ -266,6 +266,10 @@ class RewardServicer:
             context.add_done_callback(lambda _c: self._sent(peer, nbytes))  # type: ignore[arg-type]
             return response
         except Exception as exc:
+            # gRPC keeps the abort's exception, whose context is ``exc``, in the call's state
+            # after the call (seen held until later calls replaced it); its traceback's frames
+            # hold the request (52 MB of a refused body stayed in RSS): drop them (logged already)
+            exc.__traceback__ = None
             await context.abort(status_for(exc), message_for(exc),
                                 trailing_metadata=trailers_for(exc))
             raise  # unreachable: abort raises
