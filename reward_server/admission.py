@@ -367,7 +367,9 @@ class Admission:
         self._hold(ticket, -ticket.judgments, -ticket.nbytes, -ticket.calls)
         if ticket.admitted_at is not None and ticket.judged:
             now = self._clock()
-            took = now - ticket.admitted_at
+            # from its arrival, not its admission: time spent waiting for the event loop (an
+            # ingress-bound server) is latency too, and must shrink the limit
+            took = now - ticket.arrived_at
             self._call_s += _EWMA * (took - self._call_s)
             # alone from its admission to its end: nobody else admitted or still held
             alone = ticket.alone and ticket.seq == self._admitted and not self.calls
@@ -449,6 +451,7 @@ class Ticket:
     def __init__(self, admission: Admission, *, judged: bool = True) -> None:
         self._admission = admission
         self.judged = judged
+        self.arrived_at = admission._clock()
         self.nbytes = 0
         self.judgments = 0
         self.calls = 0
