@@ -373,7 +373,8 @@ class Admission:
             self._call_s += _EWMA * (took - self._call_s)
             # alone from its admission to its end: nobody else admitted or still held
             alone = ticket.alone and ticket.seq == self._admitted and not self.calls
-            if alone and judgments >= 0.5 * self._call_judgments:
+            usual = self._call_judgments  # a call of about the usual size (a huge one alone
+            if alone and 0.5 * usual <= judgments <= 2 * usual:  # would inflate the target)
                 self.alone_s = took if self.alone_s is None else (
                     self.alone_s + _EWMA * (took - self.alone_s))
             self._window.done(judgments, took)

@@ -245,3 +245,13 @@ def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> Non
         other.add_bytes(700)
     big.release()
     assert a.judgments == 0
+
+
+def test_a_huge_call_alone_does_not_set_the_latency_target() -> None:
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, adaptive=True, min_judgments=100,
+                  clock=clock)
+    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+    assert a.target() == pytest.approx(0.02)
+    _load(a, clock, offered=1, seconds=0.0, took_s=lambda n: 3.0, judgments=50_000)
+    assert a.target() == pytest.approx(0.02)  # 3 s for 500 usual calls' work: not the usual
