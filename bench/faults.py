@@ -192,6 +192,15 @@ def refusal_stages(metrics_port: int) -> collections.Counter[str]:
     return out
 
 
+def limit_now(metrics_port: int, fallback: int) -> int:
+    """The server's judgment limit in force now (adaptive: from its metrics gauge)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith('reward_server_admission_limit{unit="judgments"}'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return fallback
+
+
 def bucket_p99(before: dict[float, float], after: dict[float, float]) -> str:
     """The histogram bucket holding the 99th percentile of what was observed in between."""
     delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
@@ -518,7 +527,9 @@ async def baseline(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
             p.served.append(lat)
         p.outcome = f"{dict(p.codes)}"
     unloaded = pct(p.served, .99)
-    loops = args.limit // 128
+    if args.adaptive:
+        args.limit = limit_now(s.metrics_port, args.limit)
+    loops = max(1, args.limit // 128)
     async with phase(s, f"baseline: load at the admission limit ({loops} x 128 judgments)") as p:
         await closed_loop(caller, std, loops, args.seconds, p)
         p.outcome = f"{dict(p.codes)}"
@@ -709,6 +720,42 @@ async def one_channel(s: Server) -> None:
         p.outcome = f"{dict(p.codes)}; lost {sum(v for k, v in p.codes.items() if k != 'OK')}"
 
 
+async def many_small_calls(s: Server, caller: Caller, args: argparse.Namespace) -> None:
+    """Issue 26 item 7: 1,024 concurrent 1-item calls (closed loops honouring pushback)."""
+    one = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
+        response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
+    async with phase(s, "G. 1,024 concurrent 1-item calls (closed loops, pushback honoured)") as p:
+        await closed_loop(caller, one, 1024, args.seconds, p)
+        p.outcome = f"{dict(p.codes)}"
+
+
+async def info_beside_score(s: Server, caller: Caller, args: argparse.Namespace, std: bytes) -> None:
+    """Issue 26 item 7: Score throughput at the limit, alone and beside 64 Info callers."""
+    info = [ch.unary_unary("/reward.v1.RewardService/Info") for ch in caller._channels]
+    loops = max(1, args.limit // 128)
+    async with phase(s, f"H. {loops} Score loops at the limit beside 64 Info callers") as p:
+        end = time.monotonic() + args.seconds
+        infos: collections.Counter[str] = collections.Counter()
+
+        async def asker(k: int) -> None:
+            while time.monotonic() < end:
+                try:
+                    await info[k % len(info)](pb.InfoRequest().SerializeToString(), timeout=10,
+                                              metadata=caller._metadata)
+                    infos["OK"] += 1
+                except grpc.aio.AioRpcError as e:
+                    infos[e.code().name] += 1
+                    await asyncio.sleep(0.01)
+
+        alone = Phase("alone")
+        await closed_loop(caller, std, loops, args.seconds, alone)
+        await asyncio.gather(closed_loop(caller, std, loops, args.seconds, p),
+                             *(asker(k) for k in range(64)))
+        ratio = len(p.served) / max(1, len(alone.served))
+        p.outcome = (f"Score served {len(p.served)} beside Info vs {len(alone.served)} alone "
+                     f"({ratio:.2f}x); Info {dict(infos)}")
+
+
 def http_post(port: int, path: str, data: bytes, content_type: str = "application/json",
               method: str = "POST") -> tuple[int, str]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data if method == "POST" else None,
@@ -785,8 +832,10 @@ async def big_requests(s: Server, caller: Caller) -> None:
 
 async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespace) -> Phase:
     out = None
+    if args.adaptive:
+        args.limit = limit_now(s.metrics_port, args.limit)
     for factor in (2, 8):
-        loops = factor * args.limit // 128
+        loops = max(1, factor * args.limit // 128)
         async with phase(s, f"4. {factor}x overload: {loops} x 128 judgments vs limit {args.limit}") as p:
             before = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port)
@@ -913,13 +962,17 @@ DEFAULTS = {"limit": None, "engine_latency": 0.0, "receive_timeout": 30.0, "hand
 
 
 def admission_limit(target: str) -> int:
-    """The server's admission limit in judgments, from Info."""
+    """The server's admission limit in judgments, from Info (adaptive: its floor, the limit
+    until something is measured)."""
     with grpc.insecure_channel(target) as ch:
         info = ch.unary_unary("/reward.v1.RewardService/Info")(
             pb.InfoRequest().SerializeToString(), metadata=(("authorization", f"Bearer {TOKEN}"),),
             timeout=10)
     settings = pb.InfoResponse.FromString(info).settings
-    return int(settings["service.admission.max_judgments_in_flight"])
+    key = "service.admission.min_judgments_in_flight"
+    if settings.get("service.admission.adaptive") != "true" or key not in settings:
+        key = "service.admission.max_judgments_in_flight"
+    return int(settings[key])
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -927,6 +980,7 @@ async def run(args: argparse.Namespace) -> None:
     common = [f"server.auth_token={TOKEN}", "server.drain_delay_s=0"]
     if args.tuned:
         common += [f"service.admission.max_judgments_in_flight={args.limit}",
+                   "service.admission.adaptive=false",
                    f"server.receive_timeout_s={args.receive_timeout}",
                    f"server.handshake_timeout_s={args.handshake_timeout}",
                    f"server.keepalive_time_s={args.keepalive}", "server.keepalive_timeout_s=1"]
@@ -959,6 +1013,8 @@ async def run(args: argparse.Namespace) -> None:
     await streams_not_read(s, args)
     await idle_connections(s, args)
     await one_channel(s)
+    await many_small_calls(s, caller, args)
+    await info_beside_score(s, caller, args, std)
     await http_attacks(s, args)
     await half_open_authenticated(s, args, std)
     await half_preface(s, args)
@@ -1021,6 +1077,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="give up after this long")
     ap.add_argument("--only", choices=["overload"], help="run only the baselines and the overload")
     args = ap.parse_args()
+    args.adaptive = not args.tuned
     for k, v in (TUNED if args.tuned else DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)

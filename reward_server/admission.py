@@ -1,27 +1,51 @@
-"""Admission control: bounded work in flight, refused cheaply when full.
+"""Admission control: bounded work in flight, sized from the engines, refused cheaply when full.
 
-Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.validation`)
-and in request bytes, not in calls: one call of 1,024 items costs what 1,024 calls of one item
-cost. A call is admitted when its work fits beside what is already in flight, or when nothing is
-in flight (so a request larger than the limit still runs, alone). Otherwise it is refused at
-once with :class:`~reward_server.errors.Overloaded` (RESOURCE_EXHAUSTED), carrying a retry hint:
-about one admitted call's duration (a moving average), jittered, between 50 ms and 5 s.
+Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.validation`),
+in calls and in request bytes: one call of 1,024 items costs what 1,024 calls of one item cost in
+judgments, and every call (Info too) holds one call slot. A call is admitted when it fits beside
+what is already in flight, or when nothing is in flight (so a request larger than the limit still
+runs, alone). Otherwise it is refused with :class:`~reward_server.errors.Overloaded`
+(RESOURCE_EXHAUSTED), carrying a retry hint: about one admitted call's duration (a moving
+average), jittered, between 50 ms and 5 s.
+
+**The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
+is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
+judgments admitted calls complete per busy second) times the latency target
+(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
+:data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
+same with calls per second. Each stays between a floor (one full batch of every engine; a few
+calls) and the configured caps. When the engines are faster than the work admitted, latency stays
+under the target and the limit grows with the throughput it measures; when they slow down, it
+shrinks.
+
+**Fair order under overload.** A first attempt that does not fit is refused at once. A retried
+call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
+``reward-previous-attempts``) that does not fit waits, at most ``max_wait_s`` and with at most
+``max_waiting`` others, for room; the room freed goes first to the call with the most previous
+attempts, then to the earliest, and a first attempt never passes a waiting call. When the waiting
+room is full a call with more attempts takes the place of the newest with fewer (which is
+refused at once). So a call retried on pushback rises above new arrivals with every attempt and
+completes while its deadline allows, with no unbounded queue.
 
 The transport asks in three steps, each before the heavier work that follows it:
-:meth:`Admission.enter` before reading the request body (is there room for a call of the usual
-size?), :meth:`Ticket.add_bytes` with the body's size before parsing it (holding the bytes and,
-provisionally, a usual call's judgments, or more when the body is large: its size over the
-admitted calls' average bytes per judgment, so a flood of large bodies is refused before it is
-parsed), :meth:`Ticket.admit` with its judgments before
-fanning out. Under overload most refusals come from the first two steps and cost no parsing; a
-call whose request never arrives holds nothing. It is applied after authentication, so
-unauthenticated calls never hold any of it.
+:meth:`Admission.arrive` (or :meth:`Admission.enter`, which does not wait) before reading the
+request body (is there room for a call of the usual size?), :meth:`Ticket.add_bytes` with the
+body's size before parsing it (holding the call, its bytes and, provisionally, a usual call's
+judgments, or more when the body is large: its size over the admitted calls' average bytes per
+judgment, so a flood of large bodies is refused before it is parsed), :meth:`Ticket.admit` with
+its judgments before fanning out. Under overload most refusals come from the first two steps and
+cost no parsing; a call whose request never arrives holds nothing. It is applied after
+authentication, so unauthenticated calls never hold any of it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import random
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +56,11 @@ from reward_server.errors import Overloaded
 _RETRY_MIN_S = 0.05
 _RETRY_MAX_S = 5.0
 _EWMA = 0.2
+_RATE_EWMA = 0.5  # throughput: quick, so the limit grows within seconds when the engines can
+WINDOW_S = 0.5  # the throughput is measured over windows of this length ...
+_MIN_BUSY = 0.2  # ... in which work was in flight at least this fraction of the time
+P99_OVER_MEAN = 1.5  # latency target (a p99) over the mean latency Little's law sizes for
+_ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alone
 
 
 class AdmissionSettings(BaseModel):
@@ -40,14 +69,42 @@ class AdmissionSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = Field(True, description="Refuse work beyond the limits below.")
+    adaptive: bool = Field(
+        True, description="Size the judgment and call limits from the engines' measured "
+        "throughput and target_p99_s, between the floors and the caps below; false: the caps "
+        "are the limits."
+    )
+    target_p99_s: float | None = Field(
+        None, gt=0, le=3600, description="Latency admitted calls should keep under load (p99). "
+        "None: twice the latency of a call of the usual size admitted alone, as measured."
+    )
     max_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Judgments (judge prompts plus NLI pairs) admitted at once. "
-        "None: batches_in_flight times the engines' batching.max_items (summed over the judge "
-        "and a separate NLI engine, times their replicas on Ray)."
+        None, ge=1, description="Cap on the judgments (judge prompts plus NLI pairs) admitted at "
+        "once (the limit itself with adaptive false). None: batches_in_flight times the "
+        "engines' batching.max_items (summed over the judge and a separate NLI engine, times "
+        "their replicas on Ray)."
+    )
+    min_judgments_in_flight: int | None = Field(
+        None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch of "
+        "every engine (their batching.max_items, as above)."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
         "of work may be admitted per engine replica."
+    )
+    max_calls_in_flight: int = Field(
+        4096, ge=1, description="Cap on calls (every method, Info included) admitted at once."
+    )
+    min_calls_in_flight: int = Field(
+        16, ge=1, description="Floor of the adaptive call limit."
+    )
+    max_wait_s: float = Field(
+        0.005, ge=0, le=1, description="How long a call that does not fit may wait for room "
+        "(fair order: most previous attempts first, then earliest) before it is refused."
+    )
+    max_waiting: int = Field(
+        128, ge=0, description="Calls waiting for room at once; past it a call with more "
+        "previous attempts takes the place of the newest with fewer, the others are refused."
     )
     max_request_bytes_in_flight: int = Field(
         512 * 1024 * 1024, ge=1024, description="Request bytes (encoded) held by admitted and "
@@ -59,25 +116,72 @@ class Admission:
     """The limits of one server and the work admitted now."""
 
     def __init__(
-        self, *, max_judgments: int | None, max_bytes: int | None, seed: int | None = None
+        self,
+        *,
+        max_judgments: int | None,
+        max_bytes: int | None,
+        max_calls: int | None = None,
+        adaptive: bool = False,
+        min_judgments: int = 1,
+        min_calls: int = 1,
+        target_s: float | None = None,
+        max_wait_s: float = 0.0,
+        max_waiting: int = 0,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.max_judgments = max_judgments
+        self.cap_judgments, self.cap_calls = max_judgments, max_calls
+        self.min_judgments = min(min_judgments, max_judgments or min_judgments)
+        self.min_calls = min(min_calls, max_calls or min_calls)
+        self.adaptive, self.target_s = adaptive, target_s
+        self.max_judgments = self.min_judgments if adaptive else max_judgments  # the limits now
+        self.max_calls = self.min_calls if adaptive else max_calls
         self.max_bytes = max_bytes
+        self.max_wait_s, self.max_waiting = max_wait_s, max_waiting
         self.judgments = 0  # held: admitted calls' judgments, and entering calls' provisional
+        self.calls = 0
         self.bytes = 0
         self.refused = 0
         self._call_s = 0.2  # moving average of admitted calls' duration
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
         self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
+        self.alone_s: float | None = None  # moving average: a usual call's latency, alone
+        self.judgments_per_s: float | None = None  # throughput per busy second (EWMA)
+        self.calls_per_s: float | None = None
+        self._clock = clock
+        self._admitted = 0  # calls admitted so far
+        self._window = _Window(clock())
+        self._waiting: list[tuple[int, int, asyncio.Future[Ticket], bool]] = []
+        self._seq = itertools.count()
         self._rng = random.Random(seed)
 
     @classmethod
     def off(cls) -> Admission:
         return cls(max_judgments=None, max_bytes=None)
 
+    @classmethod
+    def from_settings(cls, s: AdmissionSettings, *, engine_batch_items: int) -> Admission:
+        """``engine_batch_items``: the items one full batch of every engine replica holds."""
+        if not s.enabled:
+            return cls.off()
+        cap = s.max_judgments_in_flight or s.batches_in_flight * engine_batch_items
+        return cls(
+            max_judgments=cap, max_bytes=s.max_request_bytes_in_flight,
+            max_calls=s.max_calls_in_flight, adaptive=s.adaptive,
+            min_judgments=s.min_judgments_in_flight or engine_batch_items,
+            min_calls=s.min_calls_in_flight, target_s=s.target_p99_s, max_wait_s=s.max_wait_s,
+            max_waiting=s.max_waiting,
+        )
+
     def retry_after_s(self) -> float:
         base = min(_RETRY_MAX_S, max(_RETRY_MIN_S, self._call_s))
         return base * self._rng.uniform(0.5, 1.5)
+
+    def target(self) -> float | None:
+        """The latency the adaptive limits aim for (None: not measured yet)."""
+        if self.target_s is not None:
+            return self.target_s
+        return None if self.alone_s is None else _ALONE_FACTOR * self.alone_s
 
     def _refuse(self, what: str, limit: str, stage: str) -> Overloaded:
         self.refused += 1
@@ -91,63 +195,163 @@ class Admission:
     def _fits(self, held: int, more: int) -> bool:
         return self.max_judgments is None or not held or held + more <= self.max_judgments
 
-    def _room(self, usual: int, stage: str) -> None:
-        if not self._fits(self.judgments, usual):
-            raise self._refuse(
-                f"{self.judgments} judgments in flight, limit "
-                f"service.admission.max_judgments_in_flight={self.max_judgments}", "judgments",
-                stage,
-            )
+    def _full(self, usual: int, judged: bool) -> tuple[str, str] | None:
+        """What is full for a call of ``usual`` judgments (None: it fits)."""
+        full = self._which_full(usual, judged)
+        if full is not None:
+            self._window.short[full[1]] += 1
+        return full
+
+    def _which_full(self, usual: int, judged: bool) -> tuple[str, str] | None:
+        if self.max_calls is not None and self.calls and self.calls >= self.max_calls:
+            return (f"{self.calls} calls in flight, limit {self.max_calls} "
+                    f"({self._sizing('calls')})", "calls")
+        if judged and not self._fits(self.judgments, usual):
+            return (f"{self.judgments} judgments in flight, limit {self.max_judgments} "
+                    f"({self._sizing('judgments')})", "judgments")
+        return None
+
+    def _room_error(self, usual: int, judged: bool, stage: str) -> Overloaded | None:
+        full = self._full(usual, judged)
+        return None if full is None else self._refuse(*full, stage)
+
+    def _sizing(self, what: str) -> str:
+        cap = self.cap_calls if what == "calls" else self.cap_judgments
+        floor = self.min_calls if what == "calls" else self.min_judgments
+        name = f"service.admission.max_{what}_in_flight={cap}"
+        if not self.adaptive:
+            return name
+        target = self.target()
+        sized = ("nothing measured yet" if target is None
+                 else f"measured throughput x {target * 1000:.0f} ms latency target")
+        return f"{sized}, between service.admission.min_{what}_in_flight={floor} and {name}"
 
     def _usual(self) -> int:
         return round(min(self._call_judgments, self.max_judgments or 0))
 
-    def enter(self) -> Ticket:
-        """A call arrives, before its request is read: refused at once if one usual call's
-        judgments (a moving average of admitted calls) would not fit. It holds nothing yet,
-        so a call whose request never arrives holds no capacity."""
-        self._room(self._usual(), "before_read")
+    def enter(self, *, judged: bool = True) -> Ticket:
+        """A call arrives, before its request is read: refused at once if the calls are full or
+        one usual call's judgments (a moving average of admitted calls) would not fit; Info is
+        not ``judged`` (it holds a call, no judgments). It holds nothing yet, so a call whose
+        request never arrives holds no capacity."""
+        refused = self._room_error(self._usual(), judged, "before_read")
+        if refused is not None:
+            raise refused
         if self.max_bytes is not None and self.bytes >= self.max_bytes:
             raise self._refuse(
                 f"{self.bytes} request bytes in flight, limit "
                 f"service.admission.max_request_bytes_in_flight={self.max_bytes}", "bytes",
                 "before_read",
             )
-        return Ticket(self)
+        return Ticket(self, judged=judged)
 
-    def _hold(self, ticket: Ticket, judgments: int, nbytes: int) -> None:
+    async def arrive(self, *, judged: bool = True, attempts: int = 0) -> Ticket:
+        """:meth:`enter`, in fair order. A first attempt that does not fit, or finds retried
+        calls waiting, is refused at once; a retried call (``attempts``: gRPC's previous
+        attempts of this call) that does not fit waits for room up to ``max_wait_s`` beside at
+        most ``max_waiting`` others, most attempts first; refused past that."""
+        if not self._waiting or attempts <= 0 or self.max_wait_s <= 0 or self.max_waiting <= 0:
+            if self._waiting and attempts <= 0:  # never past a retried call that waits
+                raise self._waiting_full()
+            if attempts <= 0 or self.max_wait_s <= 0 or self.max_waiting <= 0:
+                return self.enter(judged=judged)  # a first attempt is refused at once
+            if self._full(self._usual(), judged) is None:
+                return self.enter(judged=judged)
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        entry = (-attempts, next(self._seq), fut, judged)
+        if len(self._waiting) >= self.max_waiting:
+            newest = max(self._waiting)  # fewest attempts, latest arrival
+            if newest[:2] < entry[:2]:
+                raise self._waiting_full()
+            self._waiting.remove(newest)
+            heapq.heapify(self._waiting)
+            newest[2].set_exception(self._waiting_full())
+        heapq.heappush(self._waiting, entry)
+        try:
+            return await asyncio.wait_for(fut, self.max_wait_s)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:  # the call went away: give back the room it was given
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().release()
+            raise
+        finally:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+                heapq.heapify(self._waiting)
+        refused = self._room_error(self._usual(), judged, "waited")
+        if refused is not None:
+            raise refused
+        return Ticket(self, judged=judged)
+
+    def _waiting_full(self) -> Overloaded:
+        return self._refuse(f"{len(self._waiting)} calls wait for room already (limits: "
+                            f"{self.calls} of {self.max_calls} calls, {self.judgments} of "
+                            f"{self.max_judgments} judgments in flight)", "waiting", "before_read")
+
+    def _wake(self) -> None:
+        """Room was freed: let waiting calls in, in order, while they fit."""
+        while self._waiting:
+            _, _, fut, judged = self._waiting[0]
+            if not fut.done():
+                if self._full(self._usual(), judged) is not None:
+                    return
+                ticket = Ticket(self, judged=judged)  # its room is held from now on
+                self._hold(ticket, self._usual() if judged else 0, 0, 1)
+                fut.set_result(ticket)
+            heapq.heappop(self._waiting)
+
+    def _hold(self, ticket: Ticket, judgments: int, nbytes: int, calls: int = 0) -> None:
         self.judgments += judgments
         self.bytes += nbytes
+        self.calls += calls
         ticket.judgments += judgments
         ticket.nbytes += nbytes
+        ticket.calls += calls
         metrics.set_admitted(self.judgments, self.bytes)
+        if self.calls == calls > 0:
+            self._window.busy_since = self._clock()
+        elif not self.calls and calls < 0:
+            self._window.idle(self._clock())
 
     def _add_bytes(self, ticket: Ticket, nbytes: int) -> None:
-        """The request has arrived: hold its bytes and, until its own judgments are known, one
-        usual call's worth, so that calls parsing at the same time see each other."""
+        """The request has arrived: hold the call, its bytes and, until its own judgments are
+        known, one usual call's worth, so that calls parsing at the same time see each other."""
         if self.max_bytes is not None and self.bytes and self.bytes + nbytes > self.max_bytes:
             raise self._refuse(
                 f"{self.bytes} request bytes in flight and this call has {nbytes}, limit "
                 f"service.admission.max_request_bytes_in_flight={self.max_bytes}", "bytes",
                 "after_read",
             )
-        usual = self._usual()
-        if self._bytes_per_judgment:  # a large body likely carries many judgments: estimate
+        if ticket.calls:  # let in from the waiting room: its room is held already
+            self._hold(ticket, 0, nbytes)
+            return
+        usual = self._usual() if ticket.judged else 0
+        if self._bytes_per_judgment and ticket.judged:  # a large body: estimate its judgments
             estimate = round(nbytes / self._bytes_per_judgment)
             usual = max(usual, min(estimate, self.max_judgments or estimate))
-        self._room(usual, "after_read")
-        self._hold(ticket, usual, nbytes)
+        refused = self._room_error(usual, ticket.judged, "after_read")
+        if refused is not None:
+            raise refused
+        self._hold(ticket, usual, nbytes, 1)
 
     def _admit(self, ticket: Ticket, judgments: int) -> None:
         others = self.judgments - ticket.judgments  # without this call's provisional hold
         if not self._fits(others, judgments):
             raise self._refuse(
                 f"{others} judgments in flight and this call needs {judgments}, limit "
-                f"service.admission.max_judgments_in_flight={self.max_judgments}", "judgments",
-                "after_parse",
+                f"{self.max_judgments} ({self._sizing('judgments')})",
+                "judgments", "after_parse",
             )
+        if not ticket.calls:  # not through add_bytes (called from the service directly)
+            self._hold(ticket, 0, 0, 1)
         self._hold(ticket, judgments - ticket.judgments, 0)
-        ticket.admitted_at = time.perf_counter()
+        ticket.admitted_at = self._clock()
+        self._admitted += 1
+        ticket.alone = others == 0 and self.calls == 1
+        ticket.seq = self._admitted
+        if not ticket.judged:
+            return
         if judgments and ticket.nbytes:
             per = ticket.nbytes / judgments
             self._bytes_per_judgment += (_EWMA * (per - self._bytes_per_judgment)
@@ -156,26 +360,110 @@ class Admission:
             self._call_judgments += _EWMA * (judgments - self._call_judgments)
         else:
             self._call_judgments = float(judgments)
+        self._wake()
 
     def _release(self, ticket: Ticket) -> None:
-        self._hold(ticket, -ticket.judgments, -ticket.nbytes)
-        if ticket.admitted_at is not None:
-            took = time.perf_counter() - ticket.admitted_at
+        judgments = ticket.judgments
+        self._hold(ticket, -ticket.judgments, -ticket.nbytes, -ticket.calls)
+        if ticket.admitted_at is not None and ticket.judged:
+            now = self._clock()
+            # from its arrival, not its admission: time spent waiting for the event loop (an
+            # ingress-bound server) is latency too, and must shrink the limit
+            took = now - ticket.arrived_at
             self._call_s += _EWMA * (took - self._call_s)
+            # alone from its admission to its end: nobody else admitted or still held
+            alone = ticket.alone and ticket.seq == self._admitted and not self.calls
+            usual = self._call_judgments  # a call of about the usual size (a huge one alone
+            if alone and 0.5 * usual <= judgments <= 2 * usual:  # would inflate the target)
+                self.alone_s = took if self.alone_s is None else (
+                    self.alone_s + _EWMA * (took - self.alone_s))
+            self._window.done(judgments, took)
+            if now - self._window.start >= WINDOW_S:
+                self._resize(now)
+        self._wake()
+
+    def _resize(self, now: float) -> None:
+        """End a throughput window: update the rates and, if adaptive, the limits. Under the
+        target (the window's mean latency times P99_OVER_MEAN) a limit that held calls back grows
+        by a quarter, probing for what the engines can do at once; over it, each limit is set to
+        Little's law: throughput x target / P99_OVER_MEAN."""
+        w = self._window
+        busy = w.busy_s + (now - w.busy_since if self.calls else 0.0)
+        if busy >= _MIN_BUSY * (now - w.start) and w.calls:
+            for name, rate in (("judgments_per_s", w.judgments / busy),
+                               ("calls_per_s", w.calls / busy)):
+                old = getattr(self, name)
+                setattr(self, name, rate if old is None else old + _RATE_EWMA * (rate - old))
+        self._window = _Window(now, busy_since=now)
+        target = self.target()
+        if not self.adaptive or target is None or not w.calls or self.judgments_per_s is None:
+            return
+        assert self.calls_per_s is not None and self.max_judgments is not None
+        assert self.max_calls is not None
+        under = w.took_s / w.calls * P99_OVER_MEAN <= target
+        usual = max(1, self._usual())
+        limits = []
+        for limit, rate, short, step, lo, hi in (
+            (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
+             self.min_judgments, self.cap_judgments),
+            (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
+             self.cap_calls),
+        ):
+            little = rate * target / P99_OVER_MEAN
+            if under and short:  # more was asked than the limit let in, and latency allows
+                limits.append(_between(max(little, limit + max(step, limit / 4)), lo, hi))
+            elif under:
+                limits.append(limit)
+            else:
+                limits.append(_between(min(little, limit), lo, hi))
+        self.max_judgments, self.max_calls = limits
+        metrics.set_admission_limits(self.max_judgments, self.max_calls)
+
+
+def _between(x: float, lo: int, hi: int | None) -> int:
+    return max(lo, min(round(x), hi if hi is not None else round(x)))
+
+
+class _Window:
+    """Work completed, busy time (some call held) and calls the limits held back, since
+    ``start``."""
+
+    def __init__(self, start: float, *, busy_since: float = 0.0) -> None:
+        self.start = start
+        self.busy_since = busy_since or start
+        self.busy_s = 0.0
+        self.judgments = 0
+        self.calls = 0
+        self.took_s = 0.0
+        self.short = {"judgments": 0, "calls": 0}  # calls refused or kept waiting, per limit
+
+    def idle(self, now: float) -> None:
+        self.busy_s += now - max(self.busy_since, self.start)
+
+    def done(self, judgments: int, took_s: float) -> None:
+        self.judgments += judgments
+        self.calls += 1
+        self.took_s += took_s
 
 
 class Ticket:
     """What one call holds; release it (or leave the ``with`` block) when the call ends."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, *, judged: bool = True) -> None:
         self._admission = admission
+        self.judged = judged
+        self.arrived_at = admission._clock()
         self.nbytes = 0
         self.judgments = 0
+        self.calls = 0
         self.admitted_at: float | None = None
+        self.alone = False
+        self.seq = 0
         self._released = False
 
     def add_bytes(self, nbytes: int) -> None:
-        """Hold the request's ``nbytes`` too (refused with Overloaded if they do not fit)."""
+        """Hold the call and the request's ``nbytes`` (refused with Overloaded if they do not
+        fit)."""
         self._admission._add_bytes(self, nbytes)
 
     def admit(self, judgments: int) -> None:

@@ -93,6 +93,10 @@ ADMITTED = Gauge(
     "reward_server_admitted", "Work admitted now (service.admission): judgments (judge prompts "
     "plus NLI pairs) and request bytes.", ("unit",),
 )
+LIMITS = Gauge(
+    "reward_server_admission_limit", "Admission limits in force now (service.admission, sized "
+    "from the measured throughput when adaptive): judgments and calls.", ("unit",),
+)
 REFUSED = Counter(
     "reward_server_admission_refused_total", "Calls refused by admission control "
     "(RESOURCE_EXHAUSTED), by the limit that was full and when (before_read: before the request "
@@ -143,6 +147,14 @@ def set_admitted(judgments: int, nbytes: int) -> None:
     """The work admission control holds now."""
     ADMITTED.labels("judgments").set(judgments)
     ADMITTED.labels("bytes").set(nbytes)
+
+
+def set_admission_limits(judgments: int | None, calls: int | None) -> None:
+    """The admission limits in force now (None: unlimited, not set)."""
+    if judgments is not None:
+        LIMITS.labels("judgments").set(judgments)
+    if calls is not None:
+        LIMITS.labels("calls").set(calls)
 
 
 def observe_refusal(limit: str, stage: str) -> None:

@@ -62,12 +62,7 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 def admission_for(settings: AdmissionSettings, *, engine_batch_items: int) -> Admission:
     """The admission control ``settings`` ask for; ``engine_batch_items``: the items one full
     batch of every engine replica holds (sizes the default judgment limit)."""
-    if not settings.enabled:
-        return Admission.off()
-    limit = settings.max_judgments_in_flight
-    if limit is None:
-        limit = settings.batches_in_flight * engine_batch_items
-    return Admission(max_judgments=limit, max_bytes=settings.max_request_bytes_in_flight)
+    return Admission.from_settings(settings, engine_batch_items=engine_batch_items)
 
 
 def weighted_mean(weights: Sequence[float], values: Sequence[float]) -> float:
@@ -283,6 +278,10 @@ class RewardService:
         lim, a = self.settings.limits, self.admission
         out = {f"service.limits.{k}": str(getattr(lim, k)) for k in type(lim).model_fields}
         out["service.admission.enabled"] = str(self.settings.admission.enabled).lower()
-        out["service.admission.max_judgments_in_flight"] = str(a.max_judgments or "none")
+        out["service.admission.max_judgments_in_flight"] = str(a.cap_judgments or "none")
+        out["service.admission.min_judgments_in_flight"] = str(a.min_judgments)
+        out["service.admission.max_calls_in_flight"] = str(a.cap_calls or "none")
+        out["service.admission.adaptive"] = str(a.adaptive).lower()
+        out["service.admission.target_p99_s"] = str(a.target_s or "measured")
         out["service.admission.max_request_bytes_in_flight"] = str(a.max_bytes or "none")
         return out

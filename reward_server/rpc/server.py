@@ -71,8 +71,13 @@ class RewardGrpcServer:
         servicer: RewardServicer,
         service: RewardService,
         settings: ServerSettings,
+        *,
+        health_server: grpc.aio.Server | None = None,
+        health_port: int | None = None,
     ) -> None:
         self.server = server
+        self.health_server = health_server  # health alone, its own connection slots
+        self.health_port = health_port
         self.monitor = monitor
         self.health = monitor.servicer
         self.servicer = servicer
@@ -83,6 +88,8 @@ class RewardGrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         await self.monitor.start()
 
     async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
@@ -109,6 +116,8 @@ class RewardGrpcServer:
         self.servicer.release_parked()  # ... so the held calls may be answered
         await _bounded(stopping, max(0.0, deadline - time.monotonic()) + STEP_BOUND_S,
                        "gRPC's server shutdown")
+        if self.health_server is not None:
+            await _bounded(self.health_server.stop(0), STEP_BOUND_S, "the health port's shutdown")
         self._stopped.set()
         logger.info("server stopped")
 
@@ -240,4 +249,39 @@ def create_server(
         )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
-    return RewardGrpcServer(server, monitor, servicer, service, s), port
+    health_server, health_port = None, None
+    if s.health_port is not None:
+        health_server, health_port = _health_server(s, health, creds)
+    return RewardGrpcServer(server, monitor, servicer, service, s, health_server=health_server,
+                            health_port=health_port), port
+
+
+HEALTH_MAX_CONNECTIONS = 64
+HEALTH_IDLE_S = 10.0
+
+
+def _health_server(
+    s: ServerSettings, health: HealthServicer, creds: grpc.ServerCredentials | None
+) -> tuple[grpc.aio.Server, int]:
+    """grpc.health.v1 alone on ``server.health_port``: its own gRPC server, hence its own
+    connection cap (gRPC counts ``max_allowed_incoming_connections`` per server), so connections
+    that hold every slot of the main port leave health checks theirs."""
+    assert s.health_port is not None
+    options = [("grpc.so_reuseport", 0),
+               ("grpc.max_allowed_incoming_connections", HEALTH_MAX_CONNECTIONS),
+               ("grpc.max_connection_idle_ms", _ms(HEALTH_IDLE_S)),
+               ("grpc.server_handshake_timeout_ms", _ms(min(s.handshake_timeout_s, HEALTH_IDLE_S))),
+               ("grpc.max_receive_message_length", 4096)]
+    server = grpc.aio.server(options=options)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    address = host_port(s.host, s.health_port)
+    try:
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise ConfigError(f"cannot bind the health port {address}: in use or not this machine's "
+                          "address; choose another server.health_port (0 picks a free one)")
+    logger.info("grpc.health.v1 alone on %s:%d (%d connections of its own)", s.host, port,
+                HEALTH_MAX_CONNECTIONS)
+    return server, port

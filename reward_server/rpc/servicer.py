@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.admission import Admission, Ticket
+from reward_server.admission import Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
 from reward_server.rpc.memory import Trimmer
@@ -51,6 +51,21 @@ Context = grpc.aio.ServicerContext[Any, Any]
 Requests = AsyncIterator[bytes]
 Work = Callable[[bytes, Ticket, Any], Awaitable[Message]]  # (request, ticket, span) -> response
 _FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
+
+
+ATTEMPTS_KEYS = ("grpc-previous-rpc-attempts", "reward-previous-attempts")
+
+
+def _previous_attempts(context: Context) -> int:
+    """How often the client tried this call before: gRPC's ``grpc-previous-rpc-attempts``
+    (set by gRPC's own retries; applications cannot set it), or ``reward-previous-attempts``
+    (a client retrying by itself, past gRPC's 5 attempts); the larger, 0 when absent."""
+    attempts = 0
+    for key, value in context.invocation_metadata() or ():
+        if key in ATTEMPTS_KEYS:
+            with contextlib.suppress(ValueError, TypeError):
+                attempts = max(attempts, min(int(value), 1000))
+    return attempts
 
 
 class RewardServicer:
@@ -90,7 +105,7 @@ class RewardServicer:
             "Score": (self._score, True),
             "InduceRubrics": (self._induce, True),
             "Verify": (self._verify, True),
-            "Info": (self._info, False),
+            "Info": (self._info, False),  # admitted as a call, with no judgments
         }
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -166,12 +181,15 @@ class RewardServicer:
         time_remaining: Callable[[], float | None],
         transport: str,
         park: Callable[[], Awaitable[None]] | None = None,
+        attempts: int = 0,
     ) -> Message:
         """Method ``rpc`` of any transport: the draining gate, admission, the deadline
         (``time_remaining()`` seconds, None: ``server.default_timeout_s``), the request
         (``receive()``: its serialized message), the work, metrics, logs and the call's span.
         Raises what went wrong; the transport maps it with :mod:`reward_server.rpc.status`.
-        ``park``: awaited before a call that arrives while draining is refused."""
+        ``park``: awaited before a call that arrives while draining is refused; ``attempts``:
+        the client's previous attempts of this call (retried work goes first, see
+        :meth:`Admission.arrive`)."""
         work, admit = self._work[rpc]
         self.last_arrival = time.monotonic()
         start = time.perf_counter()
@@ -192,10 +210,11 @@ class RewardServicer:
                 remaining = time_remaining()
                 timeout = (self._settings.default_timeout_s if remaining is None
                            else max(0.0, remaining))
-                admission = self._service.admission if admit else Admission.off()
+                admission = self._service.admission
                 try:
                     async with asyncio.timeout(timeout):
-                        with admission.enter() as ticket:  # refused here when full: nothing read
+                        # refused here when full (Info holds a call, no judgments): nothing read
+                        with await admission.arrive(judged=admit, attempts=attempts) as ticket:
                             raw = await receive()
                             received = len(raw)
                             self._check_size(rpc, raw)
@@ -239,6 +258,7 @@ class RewardServicer:
                 response = await self.call(
                     rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
                     transport="grpc", park=lambda: self._refuse_draining(context),
+                    attempts=_previous_attempts(context),
                 )
                 nbytes = response.ByteSize()
                 self.unsent.hold(peer, nbytes)  # until gRPC has written it (or the call ends)
@@ -247,6 +267,10 @@ class RewardServicer:
             context.add_done_callback(lambda _c: self._sent(peer, nbytes))  # type: ignore[arg-type]
             return response
         except Exception as exc:
+            # gRPC keeps the abort's exception, whose context is ``exc``, in the call's state
+            # after the call (seen held until later calls replaced it); its traceback's frames
+            # hold the request (52 MB of a refused body stayed in RSS): drop them (logged already)
+            exc.__traceback__ = None
             await context.abort(status_for(exc), message_for(exc),
                                 trailing_metadata=trailers_for(exc))
             raise  # unreachable: abort raises
@@ -330,7 +354,7 @@ class RewardServicer:
         names = ("max_message_bytes", "max_concurrent_rpcs", "default_timeout_s",
                  "receive_timeout_s", "max_concurrent_streams", "max_connections",
                  "grace_period_s", "drain_delay_s", "max_unsent_response_bytes",
-                 "max_unsent_response_bytes_per_connection")
+                 "max_unsent_response_bytes_per_connection", "health_port")
         out = {f"server.{n}": str(getattr(s, n)) for n in names}
         out["server.http.port"] = str(s.http.port)  # the configured one (0: a free one)
         return out

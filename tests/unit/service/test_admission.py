@@ -3,6 +3,9 @@ lets a request bigger than the limit run alone."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 
 from reward_server.admission import Admission, AdmissionSettings
@@ -88,12 +91,142 @@ def test_bytes_are_held_until_release() -> None:
 
 def test_settings_size_the_default_from_the_engines() -> None:
     a = admission_for(AdmissionSettings(batches_in_flight=4), engine_batch_items=300)
-    assert a.max_judgments == 1200
-    assert admission_for(AdmissionSettings(max_judgments_in_flight=7), engine_batch_items=300).max_judgments == 7
+    assert (a.cap_judgments, a.min_judgments) == (1200, 300)  # caps: 4 batches; floor: one
+    assert a.adaptive and a.max_judgments == 300  # nothing measured yet: the floor
+    fixed = admission_for(AdmissionSettings(max_judgments_in_flight=7, adaptive=False),
+                          engine_batch_items=300)
+    assert (fixed.max_judgments, fixed.max_calls) == (7, 4096)
     off = admission_for(AdmissionSettings(enabled=False), engine_batch_items=300)
     t = off.enter()
     t.add_bytes(10**9)
     t.admit(10**9)  # never refuses
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _load(a: Admission, clock: Clock, *, offered: int, seconds: float,
+          took_s: Callable[[int], float], judgments: int = 100) -> list[int]:
+    """Rounds of ``offered`` calls of ``judgments`` each; the admitted ``n`` take ``took_s(n)``.
+    Returns how many were admitted per round."""
+    end, admitted = clock.now + seconds, []
+    while clock.now < end:
+        tickets = []
+        for _ in range(offered):
+            try:
+                t = a.enter()
+                t.add_bytes(100)
+                t.admit(judgments)
+            except Overloaded:
+                continue
+            tickets.append(t)
+        clock.now += took_s(len(tickets))
+        for t in tickets:
+            t.release()
+        admitted.append(len(tickets))
+    return admitted
+
+
+def batching(n: int) -> float:
+    """An engine that answers up to 4 calls at once in 10 ms, more in proportion."""
+    return 0.01 * max(1.0, n / 4)
+
+
+def test_the_adaptive_limit_follows_measured_throughput_and_the_latency_target() -> None:
+    """No target set: twice a lone call's latency (20 ms). Under load the limit grows while
+    the latency stays under the target, and settles where Little's law puts it: the measured
+    throughput times the target over P99_OVER_MEAN (about 5 calls of 100 judgments here)."""
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=100, min_calls=2, clock=clock, seed=0)
+    assert (a.max_judgments, a.max_calls) == (100, 2)  # the floors until something is measured
+    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+    assert a.alone_s == pytest.approx(0.01)
+    assert a.target() == pytest.approx(0.02)
+    assert a.judgments_per_s == pytest.approx(100 / 0.01, rel=0.01)
+    assert a.max_judgments == 100  # one call at a time never reached more: not grown
+    admitted = _load(a, clock, offered=40, seconds=10.0, took_s=batching)
+    assert 4 <= sum(admitted[-50:]) / 50 <= 6.5  # ~5.3 calls: 1.5 x 13 ms mean = the target
+    assert 400 <= a.max_judgments <= 700
+    assert a.max_calls >= 5  # calls did not bind: judgments did
+    # with a target of 20 ms (target_p99_s) and an engine 10x slower, the limit shrinks to
+    # the floor, never under it (with the measured target, the target follows the engine)
+    a.target_s = 0.02
+    _load(a, clock, offered=40, seconds=5.0, took_s=lambda n: 10 * batching(n))
+    assert a.max_judgments == 100
+
+
+def test_a_latency_target_and_the_caps_bound_the_limit() -> None:
+    clock = Clock()
+    a = Admission(max_judgments=1000, max_bytes=None, max_calls=10, adaptive=True,
+                  min_judgments=1, min_calls=1, target_s=10.0, clock=clock)
+    _load(a, clock, offered=100, seconds=10.0, took_s=batching)
+    assert (a.max_judgments, a.max_calls) == (1000, 10)  # within 10 s any limit is fine: caps
+
+
+def test_calls_are_counted_info_too() -> None:
+    a = Admission(max_judgments=1000, max_bytes=None, max_calls=2, seed=0)
+    score = a.enter()
+    score.add_bytes(10)
+    score.admit(10)
+    info = a.enter(judged=False)
+    info.add_bytes(5)  # holds a call and its bytes, no judgments
+    assert (a.calls, a.judgments) == (2, 10)
+    with pytest.raises(Overloaded, match="2 calls in flight, limit 2"):
+        a.enter(judged=False)
+    info.release()
+    score.release()
+    assert (a.calls, a.judgments, a.bytes) == (0, 0, 0)
+
+
+async def _waiter(a: Admission, attempts: int, order: list[int]) -> None:
+    with await a.arrive(attempts=attempts) as t:
+        order.append(attempts)
+        t.add_bytes(1)
+        t.admit(100)
+        await asyncio.sleep(0)
+
+
+async def test_room_goes_to_retried_calls_first_and_new_ones_never_pass_them() -> None:
+    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=1.0, max_waiting=3, seed=0)
+    first = await a.arrive()
+    first.add_bytes(1)
+    first.admit(100)  # full
+    with pytest.raises(Overloaded):
+        await a.arrive()  # a first attempt is refused at once
+    order: list[int] = []
+    waiting = [asyncio.create_task(_waiter(a, n, order)) for n in (1, 3, 2)]
+    await asyncio.sleep(0.01)
+    assert len(a._waiting) == 3
+    late = asyncio.create_task(_waiter(a, 1, order))  # room full, no more attempts than any
+    await asyncio.sleep(0.01)
+    assert late.done() and isinstance(late.exception(), Overloaded)
+    keen = asyncio.create_task(_waiter(a, 5, order))  # takes the place of the newest, fewest
+    await asyncio.sleep(0.01)
+    assert isinstance(waiting[0].exception(), Overloaded)
+    first.release()
+    with pytest.raises(Overloaded, match="wait for room"):
+        await a.arrive()  # room, but retried calls wait: a first attempt does not pass them
+    await asyncio.gather(keen, waiting[1], waiting[2])
+    assert order == [5, 3, 2]
+    assert (a.calls, a.judgments) == (0, 0)
+
+
+async def test_a_call_waits_at_most_max_wait_s() -> None:
+    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=0.02, max_waiting=8, seed=0)
+    with await a.arrive() as first:
+        first.add_bytes(1)
+        first.admit(100)
+        with pytest.raises(Overloaded, match="100 judgments in flight"):
+            await a.arrive(attempts=3)
+    assert not a._waiting
+    with await a.arrive():  # room again: at once
+        pass
 
 
 def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> None:
@@ -112,3 +245,13 @@ def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> Non
         other.add_bytes(700)
     big.release()
     assert a.judgments == 0
+
+
+def test_a_huge_call_alone_does_not_set_the_latency_target() -> None:
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, adaptive=True, min_judgments=100,
+                  clock=clock)
+    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+    assert a.target() == pytest.approx(0.02)
+    _load(a, clock, offered=1, seconds=0.0, took_s=lambda n: 3.0, judgments=50_000)
+    assert a.target() == pytest.approx(0.02)  # 3 s for 500 usual calls' work: not the usual
