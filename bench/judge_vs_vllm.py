@@ -119,6 +119,19 @@ def engine_settings(args: argparse.Namespace, block_size: int | None) -> dict[st
             "logprobs_mode": "raw_logprobs", **cache}
 
 
+HEADER = ("| engine | judgments/s | prompt tokens / judgment | prefilled / judgment | max abs dp_yes vs (t) |\n"
+          "|---|---:|---:|---:|---:|")
+
+
+def row(t: Tally, ref: Tally, *, out: bool = False) -> float:
+    """Print ``t``'s table row (when ``out``); return its max |dp_yes| against ``ref``."""
+    dp = max(abs(a - b) for a, b in zip(t.p_yes, ref.p_yes, strict=True))
+    if out:
+        prompt = f"{t.prompt_tokens / t.judgments:.1f}" if t.prompt_tokens else "-"
+        print(f"| {t.name} | {t.rate:.1f} | {prompt} | {t.prefilled / t.judgments:.1f} | {dp:.1e} |", flush=True)
+    return dp
+
+
 def time_transformers(judge: TransformersJudge, calls: Calls, tally: Tally) -> None:
     for prompts in calls:
         tok0, t0 = judge.stats.prefilled_tokens, time.perf_counter()
@@ -139,6 +152,8 @@ async def main_async(args: argparse.Namespace) -> int:
                            model_id="smollm2-local")
     tok = tj.tokenizer
     shape = replace(SMALL if args.small else TIMED, seed=args.seed)
+    if args.rollouts:
+        shape = replace(shape, rollouts=args.rollouts)
     calls = calls_of(build(shape, tok))
     warm = calls_of(build(replace(shape, users=1, rollouts=1, seed=args.seed + 1), tok))[1][: shape.rules]
     n = sum(len(c) for c in calls)
@@ -197,23 +212,20 @@ async def main_async(args: argparse.Namespace) -> int:
             plains.append(p_tally)
             if same:
                 await ours.close()
+                print(HEADER)
+                row(t_tally, t_tally, out=True)
+                row(o_tally, t_tally, out=True)
+                print(f"VLLMJudge / plain vLLM, same settings = {o_tally.rate / p_tally.rate:.2f}x", flush=True)
+            row(p_tally, t_tally, out=True)
     finally:
         if not o_tally.judgments:
             await ours.close()
 
-    ref = t_tally.p_yes
-    print("\n| engine | judgments/s | prompt tokens / judgment | prefilled / judgment | max abs dp_yes vs (t) |")
-    print("|---|---:|---:|---:|---:|")
-    worst = 0.0
-    for t in (t_tally, o_tally, *plains):
-        dp = max(abs(a - b) for a, b in zip(t.p_yes, ref, strict=True))
-        worst = max(worst, dp)
-        prompt = f"{t.prompt_tokens / t.judgments:.1f}" if t.prompt_tokens else "-"
-        print(f"| {t.name} | {t.rate:.1f} | {prompt} | {t.prefilled / t.judgments:.1f} | {dp:.1e} |")
+    worst = max(row(t, t_tally) for t in (t_tally, o_tally, *plains))
     same_plain = plains[block_sizes.index(ours_settings["block_size"])]
     tuned = max(plains, key=lambda t: t.rate)
     best = max((t_tally, o_tally), key=lambda t: t.rate)
-    print(f"\nVLLMJudge / plain vLLM, same settings = {o_tally.rate / same_plain.rate:.2f}x  (target >= 0.95)")
+    print(f"\nsummary\nVLLMJudge / plain vLLM, same settings = {o_tally.rate / same_plain.rate:.2f}x  (target >= 0.95)")
     print(f"best of ours ({best.name}) / tuned plain vLLM ({tuned.name}) = {best.rate / tuned.rate:.2f}x  "
           f"(target >= 1.0)")
     print(f"plain vLLM same settings / TransformersJudge = {same_plain.rate / t_tally.rate:.2f}x")
@@ -232,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="vLLM with torch.compile (slower start)")
     ap.add_argument("--small", action="store_true", help="1 user x 3 rollouts, 3 history, 2 baselines, 4 rules")
+    ap.add_argument("--rollouts", type=int, default=0, help="rollouts of the timed shape (default: its 5)")
     ap.add_argument("--seed", type=int, default=0)
     return asyncio.run(main_async(ap.parse_args(argv)))
 
