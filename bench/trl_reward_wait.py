@@ -33,8 +33,10 @@ PY = sys.executable
 
 
 def start_server(log: Path) -> tuple[subprocess.Popen[str], str]:
-    cmd = [PY, "-m", "reward_server", "serve", "-c", str(ROOT / "deploy" / "cpu_local.yaml"),
-           "--set", "serving.mode=inprocess", "--port", "0"]
+    cmd = [PY, "-m", "reward_server", "serve", "--host", "127.0.0.1", "--port", "0",
+           "--set", "engines.judge={kind: transformers, model: smollm2-local, num_threads: 1, "
+           "forward_batch_size: 16, batching: {max_items: 256, wait_ms: 2}}",
+           "--set", "engines.nli={kind: judge}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 300
