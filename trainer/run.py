@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-completion-length", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.6)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-reward-prefetch", dest="reward_prefetch", action="store_false",
+                   help="call the reward server after TRL's reference forward, not during it")
     r = p.add_argument_group("reward calls (both engines; verl: reward_kwargs)")
     r.add_argument("--attempts", type=int, help="tries of a call answered UNAVAILABLE or "
                    "RESOURCE_EXHAUSTED (default 5)")
@@ -196,7 +198,7 @@ def main_trl(args: argparse.Namespace) -> int:
         temperature=args.temperature, seed=args.seed, report_to=report_to(args.report_to),
         retry=RetryBudget(**budget_overrides(args)),
         token=os.environ.get("REWARD_SERVER_TOKEN"), mask_infra_failures=args.mask_infra_failures,
-        resume=args.resume,
+        resume=args.resume, prefetch_reward=args.reward_prefetch,
     ))
     if result["model"] is not None:  # on the main process
         print(f"model:      {result['model']}\nrun log:    {result['log']}\nplot:       {result['plot']}"

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 progress = logging.getLogger("trainer.progress")
 
 
-NOT_COMPONENTS = frozenset({"wait_s", "masked", "reward_masked"})  # logged beside, not parts
+NOT_COMPONENTS = frozenset({"wait_s", "score_s", "masked", "reward_masked"})  # logged beside, not parts
 
 
 def reward_rows(log_path: Path) -> list[dict[str, float]]:

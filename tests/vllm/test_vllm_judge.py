@@ -49,6 +49,23 @@ async def test_prefix_cache_serves_a_repeated_text(vllm_server: tuple[RewardApp,
     total = judge.stats.prompt_tokens - before_prompt
     print(f"prefix cache: {cached} of {total} prompt tokens cached")
     assert cached > 0.5 * total  # the shared text, a few hundred tokens per prompt
+    # vLLM reuses whole KV blocks: at least every full block of the prefix each prompt shares
+    # with the first, at kind: vllm's block size (32 on CPU, not vLLM's CPU default of 128)
+    block = judge.cache_kwargs["block_size"]
+    assert block == (32 if _on_cpu() else block)
+    first = judge.token_ids(judge.render(prompts[0].system, prompts[0].prefix + prompts[0].suffix))
+    shared = 0
+    for p in prompts[1:]:
+        ids = judge.token_ids(judge.render(p.system, p.prefix + p.suffix))
+        common = next((i for i, (a, b) in enumerate(zip(first, ids, strict=False)) if a != b), len(ids))
+        shared += common // block * block
+    assert cached >= shared, (cached, shared)
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 async def test_vllm_generates(vllm_server: tuple[RewardApp, Any]) -> None:
