@@ -92,7 +92,7 @@ def _field_resolves(annotation: object, rest: list[str]) -> bool:
     sub, is_dict = _annotation_models(annotation)
     if is_dict:
         return True
-    return not rest or bool(sub) and _resolves(sub, rest)
+    return not rest or (bool(sub) and _resolves(sub, rest))
 
 
 def resolves(path: str) -> bool:
