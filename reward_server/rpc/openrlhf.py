@@ -11,13 +11,15 @@ answer.
 Here:
 
 * ``l`` is a reward.v1.ScoreItem in our JSON convention (:mod:`reward_server.rpc.jsonmap`)
-  without its response (``python -m trainer.data.prepare --format openrlhf`` writes it, as a
-  JSON string; a JSON object works too);
+  without its response: the row's template of the training-row contract
+  (:mod:`reward_server.integrations.extra_info`; ``python -m trainer.data.prepare --format
+  openrlhf`` writes it, as a JSON string; a JSON object works too);
 * the response is ``q`` after the prefix ``p`` (matched exactly, or else ignoring differences in
   whitespace, which detokenization may introduce), with the special-token texts of
   ``server.http.openrlhf_end_markers`` (the EOS token) and surrounding whitespace removed from
-  its end; it goes into the item's response field (``rubric_score.text``,
-  ``parl_reward.policy_output``, ``nli_constraints.response``, in every part of a weighted one);
+  its end; the contract's ``fill_response`` puts it into the item's response field
+  (``rubric_score.text``, ``parl_reward.policy_output``, ``nli_constraints.response``, in every
+  part of a weighted one), as for verl and TRL;
 * ``rewards`` and ``scores`` are the items' rewards (a policy-invalid output gets
   ``service.policy_invalid_penalty``, as over gRPC), ``extra_logs`` the fixed components of the
   items' reward kinds (:mod:`reward_server.components`) plus ``policy_invalid`` (0/1); a
