@@ -121,3 +121,19 @@ def test_the_personalized_prompt_renders_history_with_the_servers_renderer() -> 
     rendered = render_history(rec.history[-3:], rec.task, heading="Example")
     assert rendered in user and rendered.startswith("### Example 1\n")
     assert user.count("### Example") == 3
+
+
+def test_verl_check_config_lists_data_files_of_the_old_format(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    omegaconf = pytest.importorskip("omegaconf")
+    from trainer import verl_checks
+    from trainer.data.prepare import main
+
+    pq.write_table(pa.table({"extra_info": [OLD_ROW]}), tmp_path / "old.parquet")
+    assert main(["--sample", "--task", "rubric_generator", "--out", str(tmp_path / "new")]) == 0
+    config = omegaconf.OmegaConf.create({"data": {
+        "train_files": [str(tmp_path / "new" / "train.parquet"), str(tmp_path / "old.parquet")],
+        "val_files": str(tmp_path / "new" / "val.parquet")}})
+    (problem,) = verl_checks.row_problems(config)
+    assert problem.startswith(f"{tmp_path / 'old.parquet'}: row 0 extra_info is a row of the old")
