@@ -45,7 +45,7 @@ def configure(*, enabled: bool, otlp_endpoint: str | None = None) -> bool:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError:
-            logger.warning("tracing.otlp_endpoint needs opentelemetry-sdk and "
+            logger.warning("server.tracing.otlp_endpoint needs opentelemetry-sdk and "
                            "opentelemetry-exporter-otlp-proto-http; using the global provider")
         else:
             provider = TracerProvider(resource=Resource.create({"service.name": "reward-server"}))

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from reward_server.integrations.extra_info import read_row
+
 logger = logging.getLogger(__name__)
 progress = logging.getLogger("trainer.progress")
 
@@ -51,13 +53,12 @@ def data_kinds(path: Path) -> list[str]:
 
     names = pq.read_schema(path).names
     if "extra_info_json" in names:
-        extras = [json.loads(x) for x in pq.read_table(path, columns=["extra_info_json"])
-                  .column("extra_info_json").to_pylist()]
+        extras = pq.read_table(path, columns=["extra_info_json"]).column("extra_info_json").to_pylist()
     elif "extra_info" in names:
         extras = pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist()
     else:
         return []
-    return sorted({str(e["kind"]) for e in extras if isinstance(e, dict) and e.get("kind")})
+    return sorted({read_row(e).kind for e in extras if e})
 
 
 def plot_title(engine: str, *, kinds: Sequence[str], policy: str, run_dir: Path) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 from reward_server.client import RetryBudget, RewardClient
 from reward_server.integrations.trl import RewardServerReward
+from trainer.data.prepare import check_prepared
 from trainer.run_log import data_kinds, jsonl_callback, plot_rewards, plot_title
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def load_trl_dataset(path: Path) -> Any:
         path = path / "trl_train.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no TRL data; run `python -m trainer.data.prepare`")
+    check_prepared(path)  # rows of an older format: refused here, before the model loads
     return Dataset.from_parquet(str(path))
 
 

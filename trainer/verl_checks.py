@@ -189,6 +189,22 @@ def validation_problems(config: Any) -> list[str]:
             "pass its val.parquet."]
 
 
+def row_problems(config: Any) -> list[str]:
+    """Each data file readable here must hold rows of the current row contract (one prepared
+    before it would fail every reward call): the first row of each is read."""
+    from trainer.data.prepare import check_prepared
+
+    out = []
+    for f in (*_files(config.data.get("train_files")), *_files(config.data.get("val_files"))):
+        path = Path(f).expanduser()
+        if path.is_file():
+            try:
+                check_prepared(path)
+            except ValueError as e:  # ExtraInfoError is one
+                out.append(str(e))
+    return out
+
+
 def consistency_problems(config: Any) -> list[str]:
     """All of the above."""
     return [*token_budget_problems(config), *batch_problems(config), *logger_problems(config),

@@ -124,6 +124,7 @@ def problems(config: Any, preset: str, config_dir: Path = CONFIG_DIR) -> list[st
         if unknown:
             out.append(f"reward.custom_reward_function.reward_kwargs: unknown {unknown}; known: "
                        f"{sorted(reward.reward_kwarg_names())}")
+        out += verl_checks.row_problems(config)
     if kwargs.get("mask_infra_failures") and est != reward.MASKED_ESTIMATOR:
         out.append(f"reward_kwargs.mask_infra_failures=true needs algorithm.adv_estimator="
                    f"{reward.MASKED_ESTIMATOR} (got {est!r}: a masked NaN score would turn its group NaN)")

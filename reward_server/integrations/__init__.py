@@ -6,8 +6,9 @@
   ``reward.custom_reward_function`` (``path: pkg://reward_server.integrations.verl``) and the
   ``grpo_masked`` advantage estimator; :mod:`reward_server.integrations.verl_sampler`: verl's
   replay buffer with the reward's components in every step's metrics.
-- :mod:`reward_server.integrations.extra_info`: the per-row ``extra_info`` both read (written by
-  ``python -m trainer.data.prepare``).
+- :mod:`reward_server.integrations.extra_info`: the training-row contract: each row's ScoreItem
+  template (written by ``python -m trainer.data.prepare``), read by both and by the server's
+  OpenRLHF route, with the one ``fill_response``.
 
 Each needs only the base install (grpcio, protobuf, pydantic); the framework itself is imported
 by the framework's own process.

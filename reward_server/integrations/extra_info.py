@@ -1,21 +1,26 @@
-"""The ``extra_info`` contract: one training row's reward inputs -> a reward-server item.
+"""The training-row contract: what a prepared row carries for its reward, for every trainer.
 
-``python -m trainer.data.prepare`` writes, per prompt, an ``extra_info`` dict (verl parquet
-column ``extra_info``; TRL parquet column ``extra_info_json``, the same dict as JSON) holding
-everything its reward needs; the TRL and verl reward functions of this package turn it plus one
-rollout into a :class:`~reward_server.domain.ScoreItem`. Keys (unused ones empty)::
+A row's ``extra_info`` (verl parquet column ``extra_info``; TRL parquet column
+``extra_info_json``, the same dict as JSON text) is::
 
-    kind          "parl_reward" | "rubric_score" | "nli_constraints" | "weighted"
-    task          "amazon" | "news" | "reddit" | "generic"
-    user_id, index
-    history       [{"context", "text"}, ...]   (oldest first; PARL validation needs it)
-    target        {"context", "text"}          (the user's held-out item)
-    baselines     [str]                        (PARL negatives)
-    variant       "0" | "A" | "B"              (PARL)
-    rules         [str]                        (the user's rubric: rubric_score)
-    answer, preference                         (NLICV constraints)
-    weights       {"rubric_score": w, "nli_constraints": w}   (weighted)
-    aggregate, nli_reward_function             ("" = server default)
+    {"score_item": "<reward.v1.ScoreItem as proto3 JSON text, its response left empty>",
+     "user_id": "u1", "index": 0}
+
+``score_item`` is the item's *template*: everything the reward needs but the rollout, in the
+JSON convention of :mod:`reward_server.rpc.jsonmap` (protobuf's ``json_format``, proto field
+names). OpenRLHF's ``label`` column is the same text (:mod:`reward_server.rpc.openrlhf`). The
+reward kind is the ScoreItem's own ``kind`` oneof; no other key names it.
+
+:func:`extra_info` writes a row (``python -m trainer.data.prepare`` writes every row through
+it); :func:`read_row` reads one back and :func:`fill_response` puts one rollout into the
+template's response field (``rubric_score.text``, ``parl_reward.policy_output``,
+``nli_constraints.response``; every part of a weighted item), giving the ScoreItem to send.
+The TRL and verl reward functions and the OpenRLHF route all use these.
+
+Rows in the format before this one (keys ``kind``, ``history``, ``rules``, ... and no
+``score_item``) are refused with a message that says to re-run the prepare command: a prepared
+file is derived from the raw data by one fast, deterministic command, and reading both formats
+would keep a second contract alive.
 
 Also the fixed component keys each kind reports to a trainer, read from the server's one
 declaration (:mod:`reward_server.components`): verl builds its per-sample metric arrays from the
@@ -25,25 +30,23 @@ did not compute (e.g. after a policy-invalid output) is NaN.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from reward_server import components
-from reward_server.domain import (
-    HistoryItem,
-    ItemSpec,
-    NliConstraintsSpec,
-    NliRewardFunction,
-    ParlRewardSpec,
-    ParlVariant,
-    RewardKind,
-    RubricAggregate,
-    RubricScoreSpec,
-    Task,
-    WeightedPart,
-    WeightedSpec,
-)
+from google.protobuf import json_format
+from google.protobuf.message import Message
 
+from reward_server import components
+from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.domain import ItemSpec, RewardKind, ScoreItem
+from reward_server.errors import InvalidRequest
+from reward_server.rpc import jsonmap
+from reward_server.rpc.convert import item_from_proto, item_to_proto
+
+TEMPLATE_KEY = "score_item"
+PREPARE = "python -m trainer.data.prepare"
 # The weighted kind the trainer builds: part 0 the rubric score, part 1 the NLI constraints.
 WEIGHTED_PARTS = (RewardKind.RUBRIC_SCORE, RewardKind.NLI_CONSTRAINTS)
 COMPONENT_KEYS: dict[str, tuple[str, ...]] = {
@@ -51,73 +54,113 @@ COMPONENT_KEYS: dict[str, tuple[str, ...]] = {
     RewardKind.WEIGHTED.value: components.weighted_names(WEIGHTED_PARTS),
 }
 STATUS_KEYS = ("policy_invalid", "reward_masked")
+# The field of each leaf message that holds the rollout (the oneof case names the message).
+_RESPONSE_FIELD = {
+    "rubric_score": "text", "parl_reward": "policy_output", "nli_constraints": "response",
+}
+_OLD_KEYS = ("kind", "history", "rules", "answer")
 
 
-class ExtraInfoError(ValueError):
-    """extra_info lacks what its kind needs: the data was not prepared by trainer.data.prepare."""
+class ExtraInfoError(InvalidRequest, ValueError):
+    """extra_info (or an OpenRLHF label) is not a row of this contract: the data was not prepared
+    by trainer.data.prepare, or by an older version of it. An InvalidRequest, so the server's
+    OpenRLHF route answers it as one."""
 
 
-def _get(extra: Mapping[str, Any], key: str) -> Any:
-    if key not in extra or extra[key] is None:
-        raise ExtraInfoError(
-            f"extra_info has no {key!r} (kind={extra.get('kind')!r}); prepare the data with "
-            "`python -m trainer.data.prepare`"
-        )
-    return extra[key]
+def leaves(item: pb.ScoreItem) -> list[tuple[Message, str]]:
+    """``(message, oneof case)`` of each leaf of ``item``: the item, or each weighted part."""
+    case = item.WhichOneof("kind")
+    if case == "weighted":
+        return [(part, part.WhichOneof("kind") or "") for part in item.weighted.parts]
+    return [(item, case or "")]
 
 
-def _strs(value: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in list(value))
+def check_template(item: pb.ScoreItem, where: str) -> None:
+    """ExtraInfoError naming ``where`` unless ``item`` sets a reward kind in each leaf."""
+    found = leaves(item)
+    if not found or any(case not in _RESPONSE_FIELD for _, case in found):
+        raise ExtraInfoError(f"{where}: the ScoreItem sets no reward kind (one of rubric_score, "
+                             "parl_reward, nli_constraints, weighted)")
 
 
-def _item(value: Mapping[str, Any]) -> HistoryItem:
-    return HistoryItem(context=str(value.get("context") or ""), text=str(value.get("text") or ""))
+def fill_response(template: pb.ScoreItem, response: str, *, where: str) -> pb.ScoreItem:
+    """A copy of ``template`` with ``response`` in every leaf's response field. A template whose
+    response field is already set is refused (ValueError naming ``where``)."""
+    item = pb.ScoreItem()
+    item.CopyFrom(template)
+    for msg, case in leaves(item):
+        name = _RESPONSE_FIELD.get(case)
+        if name is None:
+            raise ExtraInfoError(f"{where}: a leaf sets no reward kind (one of "
+                                 f"{', '.join(_RESPONSE_FIELD)})")
+        leaf = getattr(msg, case)
+        if getattr(leaf, name):
+            raise ExtraInfoError(f"{where}: the template's {case}.{name} is set; leave it out, "
+                                 "the response is filled in from the rollout")
+        setattr(leaf, name, response)
+    return item
 
 
-def _rubric(extra: Mapping[str, Any], text: str) -> RubricScoreSpec:
-    agg = str(extra.get("aggregate") or "")
-    return RubricScoreSpec(
-        context=str(_get(extra, "target")["context"] or ""),
-        text=text,
-        rules=_strs(_get(extra, "rules")),
-        task=Task(str(extra.get("task") or "generic")),
-        aggregate=RubricAggregate(agg) if agg else None,
-    )
+def template_json(spec: ItemSpec, *, item_id: str) -> str:
+    """The template of ``spec`` (its response fields empty) as proto3 JSON text."""
+    msg = item_to_proto(ScoreItem(item_id=item_id, spec=spec))
+    fill_response(msg, "", where=f"the template of {item_id!r}")  # refuses a set response
+    return json.dumps(jsonmap.to_dict(msg), ensure_ascii=False)
 
 
-def _nli(extra: Mapping[str, Any], text: str) -> NliConstraintsSpec:
-    fn = str(extra.get("nli_reward_function") or "")
-    return NliConstraintsSpec(
-        response=text,
-        answer=str(_get(extra, "answer")),
-        preference=str(_get(extra, "preference")),
-        reward_function=NliRewardFunction(fn) if fn else None,
-    )
+def extra_info(spec: ItemSpec, *, user_id: str, index: int) -> dict[str, Any]:
+    """One row's ``extra_info``: the template of ``spec`` (response fields empty), the user, the
+    row's index. The one writer of the contract."""
+    return {TEMPLATE_KEY: template_json(spec, item_id=user_id), "user_id": user_id,
+            "index": int(index)}
 
 
-def spec_from_extra_info(extra: Mapping[str, Any], solution_str: str) -> ItemSpec:
-    """The reward item for one rollout ``solution_str`` of the row described by ``extra``."""
-    kind = str(extra.get("kind") or "")
-    if kind == RewardKind.PARL_REWARD.value:
-        return ParlRewardSpec(
-            history=tuple(_item(h) for h in _get(extra, "history")),
-            policy_output=solution_str,
-            target=_item(_get(extra, "target")),
-            baselines=_strs(extra.get("baselines") or ()),
-            variant=ParlVariant(str(_get(extra, "variant"))),
-            task=Task(str(extra.get("task") or "generic")),
-        )
-    if kind == "rubric_score":
-        return _rubric(extra, solution_str)
-    if kind == "nli_constraints":
-        return _nli(extra, solution_str)
-    if kind == "weighted":
-        w = _get(extra, "weights")
-        return WeightedSpec(parts=(
-            WeightedPart(float(w["rubric_score"]), _rubric(extra, solution_str)),
-            WeightedPart(float(w["nli_constraints"]), _nli(extra, solution_str)),
-        ))
-    raise ExtraInfoError(
-        f"extra_info kind={kind!r} is not one of {sorted(COMPONENT_KEYS)}; prepare the data with "
-        "`python -m trainer.data.prepare`"
-    )
+@dataclass(frozen=True)
+class Row:
+    """A row's ``extra_info``, read: the ScoreItem template, the user and the index."""
+
+    template: pb.ScoreItem
+    user_id: str
+    index: int
+
+    @property
+    def kind(self) -> str:
+        """The reward kind (``RewardKind`` value): the template's oneof case."""
+        return str(self.template.WhichOneof("kind"))
+
+    def item(self, response: str, *, item_id: str) -> ScoreItem:
+        """The item to score: the template with ``response`` filled in, called ``item_id``."""
+        msg = fill_response(self.template, response, where=f"extra_info of user {self.user_id!r}")
+        msg.id = item_id
+        return item_from_proto(msg, self.index)
+
+
+def read_row(extra: Mapping[str, Any] | str, *, where: str = "extra_info") -> Row:
+    """``extra`` (a dict, or its JSON text as in TRL's column) as a :class:`Row`;
+    :class:`ExtraInfoError` saying what to do when it is not one."""
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except json.JSONDecodeError as e:
+            raise ExtraInfoError(f"{where} is not JSON ({e.msg}); prepare the data with "
+                                 f"`{PREPARE}`") from None
+    if not isinstance(extra, Mapping):
+        raise ExtraInfoError(f"{where} is not a JSON object; prepare the data with `{PREPARE}`")
+    text = extra.get(TEMPLATE_KEY)
+    if not isinstance(text, str):
+        old = [k for k in _OLD_KEYS if k in extra]
+        if old:
+            raise ExtraInfoError(
+                f"{where} is a row of the old format (keys {old}, no {TEMPLATE_KEY!r}): re-run "
+                f"`{PREPARE}` with the same arguments to write it in the current one (one "
+                "ScoreItem template per row, read alike by verl, TRL and OpenRLHF)")
+        raise ExtraInfoError(f"{where} has no {TEMPLATE_KEY!r} (keys {sorted(extra)}); prepare "
+                             f"the data with `{PREPARE}`")
+    try:
+        template = json_format.Parse(text, pb.ScoreItem())
+    except (json_format.ParseError, ValueError) as e:
+        raise ExtraInfoError(f"{where}.{TEMPLATE_KEY} is not a reward.v1.ScoreItem ({e}); "
+                             f"prepare the data with `{PREPARE}`") from None
+    check_template(template, f"{where}.{TEMPLATE_KEY}")
+    return Row(template=template, user_id=str(extra.get("user_id") or template.id),
+               index=int(extra.get("index") or 0))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import math
 import time
@@ -42,8 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
-from reward_server.domain import ItemResult, ItemStatus, ScoreItem
-from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
+from reward_server.domain import ItemResult, ItemStatus
+from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
 
 logger = logging.getLogger(__name__)
 EXTRA_INFO_COLUMN = "extra_info_json"
@@ -134,11 +133,11 @@ class RewardServerReward:
                 f"the dataset has no {self.extra_info_column!r} column: prepare it with "
                 "`python -m trainer.data.prepare` (TRL parquet: trl_train.parquet)"
             )
-        extras = [json.loads(e) if isinstance(e, str) else dict(e) for e in column]
+        rows = [read_row(e, where=self.extra_info_column) for e in column]
         texts = [completion_text(c) for c in completions]
         stamp = time.monotonic_ns()
-        items = [ScoreItem(item_id=f"{e.get('user_id', '')}#{i}@{stamp}", spec=spec_from_extra_info(e, t))
-                 for i, (e, t) in enumerate(zip(extras, texts, strict=True))]
+        items = [r.item(t, item_id=f"{r.user_id}#{i}@{stamp}")
+                 for i, (r, t) in enumerate(zip(rows, texts, strict=True))]
         self.calls.append(len(items))
         log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
         start = time.perf_counter()
@@ -154,7 +153,7 @@ class RewardServerReward:
             self._log({"masked": 1.0, "wait_s": self.wait_s[-1]}, log_metric)
             return [None] * len(items)
         self.wait_s.append(time.perf_counter() - start)
-        means = component_means([str(e.get("kind") or "") for e in extras], results)
+        means = component_means([r.kind for r in rows], results)
         self._log({**means, "masked": 0.0, "wait_s": self.wait_s[-1]}, log_metric)
         return [r.reward for r in results]
 

@@ -51,8 +51,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
-from reward_server.domain import ItemResult, ItemStatus, ScoreItem
-from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
+from reward_server.domain import ItemResult, ItemStatus
+from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +129,9 @@ async def compute_score(
     if not address:
         raise ValueError(f"no reward server address: set reward_kwargs.reward_server=host:port "
                          f"or ${ADDRESS_ENV}")
-    kind = str(extra_info.get("kind") or "")
-    item = ScoreItem(item_id=f"{extra_info.get('user_id', '')}#{extra_info.get('index', 0)}",
-                     spec=spec_from_extra_info(extra_info, solution_str))
+    row = read_row(extra_info)
+    kind = row.kind
+    item = row.item(solution_str, item_id=f"{row.user_id}#{row.index}")
     budget = RetryBudget(attempts=attempts, backoff_cap_s=backoff_cap_s, deadline_s=deadline_s,
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
     client = _client(address, os.environ.get(token_env) or None, budget)

@@ -11,13 +11,15 @@ answer.
 Here:
 
 * ``l`` is a reward.v1.ScoreItem in our JSON convention (:mod:`reward_server.rpc.jsonmap`)
-  without its response (``python -m trainer.data.prepare --format openrlhf`` writes it, as a
-  JSON string; a JSON object works too);
+  without its response: the row's template of the training-row contract
+  (:mod:`reward_server.integrations.extra_info`; ``python -m trainer.data.prepare --format
+  openrlhf`` writes it, as a JSON string; a JSON object works too);
 * the response is ``q`` after the prefix ``p`` (matched exactly, or else ignoring differences in
   whitespace, which detokenization may introduce), with the special-token texts of
   ``server.http.openrlhf_end_markers`` (the EOS token) and surrounding whitespace removed from
-  its end; it goes into the item's response field (``rubric_score.text``,
-  ``parl_reward.policy_output``, ``nli_constraints.response``, in every part of a weighted one);
+  its end; the contract's ``fill_response`` puts it into the item's response field
+  (``rubric_score.text``, ``parl_reward.policy_output``, ``nli_constraints.response``, in every
+  part of a weighted one), as for verl and TRL;
 * ``rewards`` and ``scores`` are the items' rewards (a policy-invalid output gets
   ``service.policy_invalid_penalty``, as over gRPC), ``extra_logs`` the fixed components of the
   items' reward kinds (:mod:`reward_server.components`) plus ``policy_invalid`` (0/1); a
@@ -35,12 +37,10 @@ from reward_server import components
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.domain import RewardKind
 from reward_server.errors import InvalidRequest
+from reward_server.integrations import extra_info
 from reward_server.rpc import jsonlimits, jsonmap
 
 KEYS = ("query", "prompts", "labels")
-_RESPONSE_FIELD = {
-    "rubric_score": "text", "parl_reward": "policy_output", "nli_constraints": "response",
-}
 
 
 def _after_loose_prefix(query: str, prompt: str) -> str | None:
@@ -78,14 +78,6 @@ def response_text(query: str, prompt: str, end_markers: Sequence[str], *, where:
     return rest
 
 
-def _leaf_kinds(item: pb.ScoreItem) -> list[tuple[Any, str]]:
-    """``(message, oneof case)`` of each leaf of ``item``."""
-    case = item.WhichOneof("kind")
-    if case == "weighted":
-        return [(part, part.WhichOneof("kind") or "") for part in item.weighted.parts]
-    return [(item, case or "")]
-
-
 def template(label: Any, *, where: str) -> pb.ScoreItem:
     """The ScoreItem template a label carries (see the module doc)."""
     if isinstance(label, str):
@@ -108,24 +100,8 @@ def template(label: Any, *, where: str) -> pb.ScoreItem:
             ) from None
     jsonlimits.refuse_booleans(pb.ScoreItem.DESCRIPTOR, label, f"{where}: the label")
     item = jsonmap.parse_dict(pb.ScoreItem, label, f"{where}: the label")
-    leaves = _leaf_kinds(item)
-    if not leaves or any(case not in _RESPONSE_FIELD for _, case in leaves):
-        raise InvalidRequest(f"{where}: the label's ScoreItem sets no reward kind (one of "
-                             "rubric_score, parl_reward, nli_constraints, weighted)")
+    extra_info.check_template(item, f"{where}: the label's ScoreItem")
     return item
-
-
-def fill_response(item: pb.ScoreItem, response: str, *, where: str) -> None:
-    """Put ``response`` into every leaf's response field of ``item``."""
-    for msg, case in _leaf_kinds(item):
-        leaf = getattr(msg, case)
-        name = _RESPONSE_FIELD[case]
-        if getattr(leaf, name):
-            raise InvalidRequest(
-                f"{where}: the label's {case}.{name} is set; leave it out, the response is "
-                "read from the query"
-            )
-        setattr(leaf, name, response)
 
 
 def score_request(payload: Any, *, end_markers: Sequence[str]) -> pb.ScoreRequest:
@@ -145,8 +121,8 @@ def score_request(payload: Any, *, end_markers: Sequence[str]) -> pb.ScoreReques
         where = f"sample {i}"
         if not isinstance(q, str) or not isinstance(p, str):
             raise InvalidRequest(f"{where}: query and prompt must be strings")
-        item = template(label, where=where)
-        fill_response(item, response_text(q, p, end_markers, where=where), where=where)
+        item = extra_info.fill_response(template(label, where=where),
+                                        response_text(q, p, end_markers, where=where), where=where)
         if not item.id:
             item.id = f"sample{i}"
         request.items.append(item)
@@ -154,7 +130,7 @@ def score_request(payload: Any, *, end_markers: Sequence[str]) -> pb.ScoreReques
 
 
 def _names(item: pb.ScoreItem) -> tuple[str, ...]:
-    kinds = [RewardKind(case) for _, case in _leaf_kinds(item)]
+    kinds = [RewardKind(case) for _, case in extra_info.leaves(item)]
     if item.WhichOneof("kind") == "weighted":
         return components.weighted_names(kinds)
     return components.fixed_names(kinds[0])

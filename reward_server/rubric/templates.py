@@ -102,7 +102,7 @@ Spread the rules over different dimensions: style, structure, tone, content focu
 Answer with a bare JSON array and nothing else, in this exact form:
 [{{"rule": "<one-sentence criterion>"}}, {{"rule": "<one-sentence criterion>"}}, ...]"""
 
-HISTORY_ITEM = "### Item {i}\n{context_label}: {context}\n{text_label}: {text}"
+HISTORY_ITEM = "### {heading} {i}\n{context_label}: {context}\n{text_label}: {text}"
 
 WRITING_ONE = {
     Task.GENERIC: "text",
@@ -178,11 +178,13 @@ def judge_prompts(
     return [judge_prompt(context, text, r, task, template=template) for r in rules]
 
 
-def render_history(history: Sequence[HistoryItem], task: Task) -> str:
-    """The user's history as ``### Item i`` blocks (the generator's and the holistic judge's)."""
+def render_history(history: Sequence[HistoryItem], task: Task, *, heading: str = "Item") -> str:
+    """The user's history as ``### Item i`` blocks (the generator's and the holistic judge's;
+    the trainer's personalized-generator prompt calls them ``### Example i``)."""
     labels = TASK_LABELS[task]
     return "\n\n".join(
         HISTORY_ITEM.format(
+            heading=heading,
             i=i + 1,
             context_label=labels.context,
             context=h.context.strip() or "(none)",

@@ -16,7 +16,7 @@ import pytest_asyncio
 from reward_server import domain as d
 from reward_server.backends.fake import FakeJudge
 from reward_server.errors import BackendUnavailable
-from reward_server.integrations.extra_info import spec_from_extra_info
+from reward_server.integrations.extra_info import fill_response, read_row
 from trainer.data.prepare import main as prepare
 
 from .conftest import Running, running_server
@@ -93,13 +93,11 @@ async def _grpc_rewards(r: Running, labels: list[str], responses: list[str]) -> 
     from google.protobuf import json_format
 
     from reward_server._proto.reward.v1 import reward_pb2 as pb
-    from reward_server.rpc import openrlhf
     from reward_server.rpc.convert import item_from_proto
 
     items = []
     for i, (label, response) in enumerate(zip(labels, responses, strict=True)):
-        msg = json_format.Parse(label, pb.ScoreItem())
-        openrlhf.fill_response(msg, response, where="test")
+        msg = fill_response(json_format.Parse(label, pb.ScoreItem()), response, where="test")
         msg.id = f"s{i}"  # both tasks' rows name the same users
         items.append(item_from_proto(msg, i))
     async with r.client(token=TOKEN) as c:
@@ -301,18 +299,20 @@ async def test_busy_http_port_is_a_config_error() -> None:
 
 
 def test_prepare_openrlhf_labels_are_the_extra_info_items(tmp_path: Path) -> None:
-    """The label carries the same item the TRL/verl path builds from extra_info."""
-    from google.protobuf import json_format
-
-    from reward_server._proto.reward.v1 import reward_pb2 as pb
+    """The OpenRLHF route builds from a label the same item the TRL/verl path builds from
+    extra_info, through the same fill_response."""
+    from reward_server.rpc import openrlhf
     from reward_server.rpc.convert import item_from_proto
     from trainer.data.prepare import build_rows, sample_records, to_openrlhf
 
     rows = build_rows(sample_records(history_limit=2), "personalized_generator", history_limit=2)
     for row, out in zip(rows, to_openrlhf(rows), strict=True):
         assert out["input"] == row["prompt"] and out["datasource"] == row["data_source"]
-        item = item_from_proto(json_format.Parse(out["label"], pb.ScoreItem()), 0)
-        assert item.spec == spec_from_extra_info(row["extra_info"], "")
+        request = openrlhf.score_request(
+            {"query": ["P: a reply"], "prompts": ["P:"], "labels": [out["label"]]}, end_markers=())
+        via_label = item_from_proto(request.items[0], 0)
+        via_row = read_row(row["extra_info"]).item("a reply", item_id=via_label.item_id)
+        assert via_label == via_row
     assert len(rows) == len(sample_records())
 
 

@@ -1,5 +1,5 @@
-"""The README's client example runs as printed (against a fake-engine server, as the README
-starts one) and prints exactly the output the README shows."""
+"""The README's client example, and docs/api.md's PARL-A one, run as printed (against a
+fake-engine server, as the README starts one) and print exactly the output they show."""
 
 from __future__ import annotations
 
@@ -9,23 +9,29 @@ import re
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 ADDRESS = "127.0.0.1:50051"
+EXAMPLES = [(README, "## Calling the API\n"), (ROOT / "docs" / "api.md", "## Calling it\n")]
 
 
-def client_example() -> tuple[str, str]:
-    """(the Python block of "## Calling the API", the output block after it)."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Calling the API\n"):]
+def client_example(path: Path = README, heading: str = "## Calling the API\n") -> tuple[str, str]:
+    """(the first Python block under ``heading``, the output block after it)."""
+    text = path.read_text(encoding="utf-8")
+    section = text[text.index(heading):]
     code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None, "no python block under ## Calling the API"
+    assert code is not None, f"no python block under {heading}"
     shown = re.search(r"prints, against `serve --fake`.*?```\n(.*?)```", section[code.end():], re.S)
     assert shown is not None, "no output block after the client example"
     return code.group(1), shown.group(1)
 
 
-def test_the_readme_client_example_prints_what_the_readme_shows(reward_server: Any) -> None:
-    code, shown = client_example()
+@pytest.mark.parametrize(("path", "heading"), EXAMPLES, ids=["README", "docs/api.md"])
+def test_the_client_examples_print_what_the_docs_show(reward_server: Any, path: Path,
+                                                      heading: str) -> None:
+    code, shown = client_example(path, heading)
     assert ADDRESS in code and "..." not in code
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

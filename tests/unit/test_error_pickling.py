@@ -13,9 +13,10 @@ import pytest
 
 from reward_server import errors
 from reward_server.client import RewardCallError
+from reward_server.domain import NliConstraintsSpec
 from reward_server.integrations import trl as rtrl
 from reward_server.integrations import verl as rverl
-from reward_server.integrations.extra_info import ExtraInfoError
+from reward_server.integrations.extra_info import ExtraInfoError, extra_info
 from trainer.data.records import DataFormatError
 
 
@@ -59,8 +60,9 @@ def test_reward_call_error_keeps_code_details_and_attempts() -> None:
 
 def test_a_real_failed_call_from_compute_score_round_trips() -> None:
     # nothing listens on port 1: the one attempt waits for the server until its deadline
-    e = raised(rverl.compute_score("s", "text", None, {"kind": "nli_constraints", "answer": "a",
-                                                       "preference": "p"},
+    row = extra_info(NliConstraintsSpec(response="", answer="a", preference="p"), user_id="u1",
+                     index=0)
+    e = raised(rverl.compute_score("s", "text", None, row,
                                    reward_server="127.0.0.1:1", attempts=1, deadline_s=1.0))
     assert isinstance(e, RewardCallError) and e.code is grpc.StatusCode.UNAVAILABLE
     back = round_trip(e)
@@ -69,8 +71,8 @@ def test_a_real_failed_call_from_compute_score_round_trips() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "kind"), [
-    ({"extra_info": {"kind": "nope"}}, ExtraInfoError),
-    ({"extra_info": {"kind": "nli_constraints"}}, ExtraInfoError),  # no answer
+    ({"extra_info": {"kind": "nope"}}, ExtraInfoError),  # the old format
+    ({"extra_info": {"score_item": '{"id": "u1"}'}}, ExtraInfoError),  # no reward kind
     ({"extra_info": None}, ValueError),
     ({"extra_info": {}, "deadline": 3}, TypeError),  # unknown reward kwarg
 ])

@@ -14,12 +14,16 @@ Writes, per ``--format`` (default: verl and trl):
 * verl: ``OUT/train.parquet`` and ``OUT/val.parquet`` (data_source, prompt, ability,
   reward_model, extra_info);
 * trl: ``OUT/trl_train.parquet`` / ``OUT/trl_val.parquet`` (prompt, data_source,
-  extra_info_json);
+  extra_info_json: the same extra_info as JSON text);
 * openrlhf: ``OUT/openrlhf_train.jsonl`` / ``OUT/openrlhf_val.jsonl`` (input: the chat
-  messages, label: the reward.v1.ScoreItem without its response as JSON text, datasource), for
+  messages, label: extra_info's ScoreItem template, datasource), for
   the reward server's OpenRLHF route: ``--data.prompt_dataset OUT/openrlhf_train.jsonl
   --data.input_key input --data.label_key label --data.apply_chat_template
   --reward.remote_url http://HOST:PORT/openrlhf/reward`` (docs/http.md).
+
+Every format carries one row contract (:mod:`reward_server.integrations.extra_info`):
+``extra_info = {"score_item": <reward.v1.ScoreItem JSON without its response>, "user_id",
+"index"}``. Files prepared before it are refused with a message to re-run this command.
 
 ``--val-size N`` (default 1) holds out the last N users of each source: the val files hold
 only users the policy never trains on, so verl's validation (on in the presets) measures
@@ -38,10 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reward_server.domain import ParlVariant, RubricAggregate, ScoreItem
-from reward_server.integrations.extra_info import spec_from_extra_info
-from reward_server.rpc import jsonmap
-from reward_server.rpc.convert import item_to_proto
+from reward_server.domain import ParlVariant, RubricAggregate
+from reward_server.integrations.extra_info import TEMPLATE_KEY, read_row
 from trainer.data.loaders import (
     CONTEXT_LABELS,
     LOADERS,
@@ -148,16 +150,26 @@ def to_trl(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_openrlhf(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenRLHF rows: the chat messages as ``input``, the row's reward item without its
-    response as ``label`` (JSON text; see reward_server.rpc.openrlhf), ``datasource``."""
-    out = []
-    for r in rows:
-        extra = r["extra_info"]
-        item = ScoreItem(item_id=f"{extra.get('user_id') or r['data_source']}",
-                         spec=spec_from_extra_info(extra, ""))
-        label = json.dumps(jsonmap.to_dict(item_to_proto(item)), ensure_ascii=False)
-        out.append({"input": r["prompt"], "label": label, "datasource": r["data_source"]})
-    return out
+    """OpenRLHF rows: the chat messages as ``input``, the row's ScoreItem template as ``label``
+    (JSON text; see reward_server.rpc.openrlhf), ``datasource``."""
+    return [{"input": r["prompt"], "label": r["extra_info"][TEMPLATE_KEY],
+             "datasource": r["data_source"]} for r in rows]
+
+
+def check_prepared(path: Path) -> None:
+    """Refuse a prepared verl/TRL parquet whose first row is not of the current row contract
+    (:class:`~reward_server.integrations.extra_info.ExtraInfoError`, which says to re-run this
+    command): a training run then stops before it loads a model, not at its first reward."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    column = next((c for c in ("extra_info", "extra_info_json") if c in names), None)
+    if column is None:
+        raise ValueError(f"{path}: no extra_info or extra_info_json column; prepare the data "
+                         "with `python -m trainer.data.prepare`")
+    batch = next(pq.ParquetFile(path).iter_batches(columns=[column], batch_size=1), None)
+    if batch is not None and batch.num_rows:
+        read_row(batch.column(0)[0].as_py(), where=f"{path}: row 0 {column}")
 
 
 def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:

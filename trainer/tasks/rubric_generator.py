@@ -3,18 +3,15 @@
 The prompt is the reward server's own rubric-generator prompt
 (:func:`reward_server.rubric.templates.generator_request`), so training and inference-time
 induction ask the same question. The reward is a PARL-0/A/B item: the user's history (rule
-validation), the target and the baselines travel in ``extra_info``.
+validation), the target and the baselines travel in its template (``extra_info``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from reward_server.domain import ParlVariant, RewardKind
+from reward_server.domain import ParlRewardSpec, ParlVariant
 from reward_server.rubric.settings import RubricSettings
 from reward_server.rubric.templates import generator_request
 from trainer.data.records import DataFormatError, UserRecord
-from trainer.tasks.common import base_extra_info
 
 
 def build_prompt(
@@ -29,16 +26,14 @@ def build_prompt(
     ]
 
 
-def build_extra_info(
-    record: UserRecord, index: int, *, variant: ParlVariant = ParlVariant.PARL_A
-) -> dict[str, Any]:
+def build_spec(record: UserRecord, *, variant: ParlVariant = ParlVariant.PARL_A) -> ParlRewardSpec:
+    """The row's PARL item, its policy output left empty (the rollout fills it in)."""
     if variant is not ParlVariant.PARL_0 and not record.baselines:
         raise DataFormatError(
             record.source or "<records>", None, "baselines",
             f"user {record.user_id!r} has no baseline outputs; PARL-{variant.value} needs them "
             "(pass --baselines FILE, or use --variant 0)",
         )
-    extra = base_extra_info(record, index)
-    extra["kind"] = RewardKind.PARL_REWARD.value
-    extra["variant"] = variant.value
-    return extra
+    return ParlRewardSpec(history=record.history, policy_output="", target=record.target,
+                          baselines=tuple(out for _, out in record.baselines), variant=variant,
+                          task=record.task)

@@ -11,11 +11,12 @@ import grpc
 import pytest
 
 from reward_server.client import RewardCallError
-from reward_server.integrations.extra_info import ExtraInfoError
+from reward_server.domain import NliConstraintsSpec
+from reward_server.integrations.extra_info import ExtraInfoError, extra_info
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-ROW = {"kind": "nli_constraints", "answer": "a", "preference": "p", "user_id": "u1"}
+ROW = extra_info(NliConstraintsSpec(response="", answer="a", preference="p"), user_id="u1", index=0)
 
 
 def scorer_class() -> type:
@@ -58,7 +59,7 @@ def test_a_failed_reward_call_reaches_the_driver_as_reward_call_error(ray_sessio
 
 def test_a_bad_row_reaches_the_driver_as_extra_info_error(ray_session, scorer) -> None:
     ref = scorer.score.remote({"kind": "nli_constraints"}, reward_server="127.0.0.1:1")
-    with pytest.raises(ExtraInfoError, match="extra_info has no 'answer'"):
+    with pytest.raises(ExtraInfoError, match=r"old format .* re-run `python -m trainer\.data\.prepare`"):
         ray_session.get(ref, timeout=120)
 
 

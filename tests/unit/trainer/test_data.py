@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from reward_server.domain import ParlVariant, Task
+from reward_server.integrations.extra_info import read_row
 from trainer.data import loaders
 from trainer.data.prepare import (
     SAMPLE_DIR,
@@ -131,7 +132,8 @@ def test_parl_rows_have_verls_schema_and_round_trip(tmp_path: Path) -> None:
         assert got["reward_model"] == {"style": "model", "ground_truth": want["reward_model"][
             "ground_truth"]}
         assert got["extra_info"] == want["extra_info"]
-        assert got["extra_info"]["variant"] == "B" and got["extra_info"]["kind"] == "parl_reward"
+        template = json.loads(got["extra_info"]["score_item"])
+        assert template["parl_reward"]["variant"] == "PARL_VARIANT_B"
         assert [m["role"] for m in got["prompt"]] == ["system", "user"]
     assert ds[0]["data_source"] == "personal_reward/rubric_generator/amazon"
 
@@ -151,7 +153,9 @@ def test_personalized_rows_need_rules_and_trl_rows_carry_extra_info(tmp_path: Pa
     records = sample_records()
     rows = build_rows(records, "personalized_generator", reward_kind="weighted",
                       weights={"rubric_score": 3.0, "nli_constraints": 1.0})
-    assert rows[0]["extra_info"]["weights"] == {"rubric_score": 3.0, "nli_constraints": 1.0}
+    parts = json.loads(rows[0]["extra_info"]["score_item"])["weighted"]["parts"]
+    assert [(p["weight"], *(k for k in p if k != "weight")) for p in parts] == [
+        (3.0, "rubric_score"), (1.0, "nli_constraints")]
     assert rows[0]["prompt"][1]["content"].endswith("Answer with the review only.")
     trl = to_trl(rows)
     assert json.loads(trl[2]["extra_info_json"]) == rows[2]["extra_info"]
@@ -175,15 +179,22 @@ def test_openrlhf_jsonl_loads_as_openrlhf_loads_it(tmp_path: Path) -> None:
     rows = build_rows(sample_records(), "personalized_generator")
     assert ds[0]["input"] == rows[0]["prompt"]
     label = json.loads(ds[0]["label"])
-    assert label["id"] == rows[0]["extra_info"]["user_id"]
-    assert label["rubric_score"]["rules"] == rows[0]["extra_info"]["rules"]
+    assert label == json.loads(rows[0]["extra_info"]["score_item"])  # the row's template
+    assert label["id"] == rows[0]["extra_info"]["user_id"] == sample_records()[0].user_id
+    assert label["rubric_score"]["rules"] == list(sample_records()[0].rules)
     assert label["rubric_score"]["text"] == ""  # the response comes from OpenRLHF's query
 
 
 def read_users(path: Path) -> list[tuple[str, str]]:
     import pyarrow.parquet as pq
 
-    return [(e["task"], e["user_id"]) for e in pq.read_table(path).column("extra_info").to_pylist()]
+    return [user(e) for e in pq.read_table(path).column("extra_info").to_pylist()]
+
+
+def user(extra: dict | str) -> tuple[str, str]:
+    """(task, user_id) of a rubric_generator row's extra_info."""
+    row = read_row(extra)
+    return row.item("", item_id="x").spec.task.value, row.user_id  # type: ignore[union-attr]
 
 
 def test_val_holds_out_the_last_user_of_each_source_by_default(tmp_path: Path) -> None:
@@ -200,8 +211,7 @@ def test_val_holds_out_the_last_user_of_each_source_by_default(tmp_path: Path) -
 def read_trl_users(path: Path) -> list[tuple[str, str]]:
     import pyarrow.parquet as pq
 
-    extras = [json.loads(e) for e in pq.read_table(path).column("extra_info_json").to_pylist()]
-    return [(e["task"], e["user_id"]) for e in extras]
+    return [user(e) for e in pq.read_table(path).column("extra_info_json").to_pylist()]
 
 
 def test_val_size_zero_writes_no_val_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("pyarrow")
 
+from reward_server.domain import NliConstraintsSpec, RubricScoreSpec
+from reward_server.integrations.extra_info import extra_info
 from trainer.run_log import data_kinds, plot_rewards, plot_title, reward_figure, reward_rows
 
 PROVENANCE = {"judge_model": "smollm2-local", "nli_model": "judge-as-nli:smollm2-local"}
@@ -116,7 +118,9 @@ def test_reward_kinds_read_from_both_parquet_layouts(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    extras = [{"kind": "rubric_score", "user_id": "u1"}, {"kind": "nli_constraints", "user_id": "u2"}]
+    extras = [extra_info(RubricScoreSpec(context="c", text="", rules=("r",)), user_id="u1", index=0),
+              extra_info(NliConstraintsSpec(response="", answer="a", preference="p"), user_id="u2",
+                         index=1)]
     pq.write_table(pa.table({"extra_info_json": [json.dumps(e) for e in extras]}), tmp_path / "trl.parquet")
     pq.write_table(pa.table({"extra_info": extras}), tmp_path / "verl.parquet")
     for name in ("trl.parquet", "verl.parquet"):
