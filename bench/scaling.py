@@ -45,11 +45,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def start_server(overrides: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+async def start_server(overrides: list[str], gc_gen0: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "reward_server", "serve", "--fake", "--port", str(port),
-           "--set", "server.drain_delay_s=0", "--set", "service.admission.enabled=false",
-           *(a for o in overrides for a in ("--set", o))]
+    args = ["serve", "--fake", "--port", str(port), "--set", "server.drain_delay_s=0",
+            "--set", "service.admission.enabled=false", *(a for o in overrides for a in ("--set", o))]
+    # --gc-gen0: the same server with Python's cyclic GC tuned (an experiment, not a setting)
+    tune = "" if gc_gen0 is None else f"import gc; gc.freeze(); gc.set_threshold({gc_gen0}, 50, 100); "
+    cmd = [sys.executable, "-c", f"{tune}import sys; from reward_server.cli import main; "
+           f"sys.exit(main({args!r}))"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"
     async with AsyncRewardClient(target, timeout_s=60) as c:
@@ -118,21 +121,26 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true", help="each cell >= 200 calls or >= 3 s")
     ap.add_argument("--min-calls", type=int, default=None, help="calls per cell (default 2,000)")
     ap.add_argument("--min-s", type=float, default=None, help="seconds per cell (default 30)")
+    ap.add_argument("--gc-gen0", type=int, default=None,
+                    help="run the server with gc.freeze() and gc.set_threshold(N, 50, 100)")
+    ap.add_argument("--per-call", type=int, nargs="+", default=list(PER_CALL))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a server config override (repeatable)")
     args = ap.parse_args()
     min_calls = args.min_calls or (200 if args.quick else 2000)
     min_s = args.min_s or (3.0 if args.quick else 30.0)
     pool = make_items(4096)
-    proc, target = await start_server(args.overrides)
+    proc, target = await start_server(args.overrides, args.gc_gen0)
     server = psutil.Process(proc.pid)
     print(f"server pid {proc.pid} at {target}; each cell: {min_calls} calls or {min_s:g} s, whichever "
-          f"comes first; {os.cpu_count()} CPUs (client and server share them)", flush=True)
+          f"comes first; server GC {args.gc_gen0 or 'default'}; {os.cpu_count()} CPUs (client and "
+          "server share them)", flush=True)
     rows = []
     try:
         async with AsyncRewardClient(target, timeout_s=600) as client:
-            for per_call in PER_CALL:
-                for conc in CONCURRENCY:
+            for per_call in args.per_call:
+                for conc in args.concurrency:
                     rows.append(await cell(client, server, pool, per_call=per_call, concurrency=conc,
                                            min_calls=min_calls, min_s=min_s))
     finally:
@@ -145,7 +153,9 @@ async def main() -> None:
         print(f"| {r['per_call']} | {r['concurrency']} | {r['calls']} | {r['items_s']:.0f} | {r['p50']:.1f} | "
               f"{r['p99']:.1f} | {r['server_ms_item']:.3f} | {r['client_ms_item']:.3f} |")
     by = {(r["per_call"], r["concurrency"]): r for r in rows}
-    for per_call in PER_CALL:
+    for per_call in args.per_call:
+        if (per_call, 64) not in by or (per_call, 256) not in by:
+            continue
         a, b = by[(per_call, 64)], by[(per_call, 256)]
         print(f"{per_call}-item calls: items/s at concurrency 256 / 64 x{b['items_s'] / a['items_s']:.2f}"
               f" (target >= 0.95); server CPU per item 256 / 64 x{b['server_ms_item'] / a['server_ms_item']:.2f}")
