@@ -82,7 +82,7 @@ T = TypeVar("T")
 STUCK_GRACE_S = 5.0  # a call gRPC has not ended this long after its deadline is cancelled here
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
 _MIN_CALL_S = 0.05  # an overloaded call is resent only if at least this is left after the wait
-_MERGED_GRACE_S = 0.5  # a merged caller waits this past its deadline (the call's own error first)
+_MERGED_GRACE_S = 1.0  # a merged caller waits this past its deadline (the call's own error first)
 
 
 class RewardCallError(RewardServerError):

@@ -57,7 +57,7 @@ async def test_a_bad_item_fails_only_its_caller() -> None:
 
 
 async def test_a_merged_caller_keeps_its_own_deadline() -> None:
-    async with running_server(judge=FakeJudge(latency_s=1.5)) as r:
+    async with running_server(judge=FakeJudge(latency_s=3.0)) as r:
         async with r.client(coalesce=CoalesceSettings(window_s=0.01)) as c:
             start = time.monotonic()
             short = asyncio.ensure_future(c.score([item(0)], timeout_s=0.3))
@@ -66,7 +66,7 @@ async def test_a_merged_caller_keeps_its_own_deadline() -> None:
                 await short
             waited = time.monotonic() - start
             assert e.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
-            assert waited < 1.2  # its own deadline (+ the grace), not the merged call's
+            assert waited < 2.0  # its own deadline (+ 1 s grace), not the merged call's (3 s)
             assert (await longer)[0].status is d.ItemStatus.OK  # the other caller is unaffected
 
 
@@ -80,3 +80,41 @@ async def test_a_large_call_is_sent_alone_and_a_server_error_reaches_every_merge
             out = await asyncio.gather(*(c.score([item(i)]) for i in range(3)), return_exceptions=True)
     assert all(isinstance(o, RewardCallError) and o.code is grpc.StatusCode.INTERNAL for o in out)
     assert len({id(o) for o in out}) == 3  # each caller raises its own copy
+
+
+NLI_ROW = {"kind": "nli_constraints", "answer": "Paris capital", "preference": "museums",
+           "user_id": "u1", "index": 0}
+
+
+async def test_verls_concurrent_compute_score_calls_merge_on_one_client() -> None:
+    from reward_server.integrations import verl as rv
+
+    texts = [f"Paris is the capital of France. Rollout {i} likes museums." if i % 2 else f"Rollout {i}."
+             for i in range(32)]
+    async with running_server() as r:
+        try:
+            out = await asyncio.gather(*(rv.compute_score("s", t, None, NLI_ROW, reward_server=r.target)
+                                         for t in texts))
+            alone = await asyncio.gather(*(rv.compute_score("s", t, None, NLI_ROW, reward_server=r.target,
+                                                            coalesce_max_items=1) for t in texts[:4]))
+            (client,) = [c for c in rv._clients[asyncio.get_running_loop()].values() if c._coalescer]
+            assert client._coalescer is not None and client._coalescer.calls_sent <= 3
+        finally:
+            await rv.close_clients()
+    assert [o["score"] for o in out[:4]] == [a["score"] for a in alone]
+    assert {o["score"] for o in out[1::2]} != {o["score"] for o in out[::2]}  # each its own
+
+
+def test_verls_client_cache_is_per_loop_object_and_drops_closed_loops() -> None:
+    from reward_server.integrations import verl as rv
+
+    budget = rv.RetryBudget()
+
+    async def get() -> object:
+        return rv._client("127.0.0.1:1", None, budget, None)
+
+    first = asyncio.run(get())  # that loop is closed now
+    second = asyncio.run(get())
+    assert second is not first  # never a dead loop's client, even if the new loop reuses its id()
+    assert len([lp for lp in rv._clients if lp.is_closed()]) <= 1  # the first loop's entry went
+    assert list(rv._clients)[-1].is_closed()  # the second's goes when a third loop asks
