@@ -45,7 +45,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def start_server(overrides: list[str], gc_gen0: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+async def start_server(
+    overrides: list[str], gc_gen0: int | None = None, pythonpath: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     args = ["serve", "--fake", "--port", str(port), "--set", "server.drain_delay_s=0",
             "--set", "service.admission.enabled=false", *(a for o in overrides for a in ("--set", o))]
@@ -53,7 +55,10 @@ async def start_server(overrides: list[str], gc_gen0: int | None = None) -> tupl
     tune = "" if gc_gen0 is None else f"import gc; gc.freeze(); gc.set_threshold({gc_gen0}, 50, 100); "
     cmd = [sys.executable, "-c", f"{tune}import sys; from reward_server.cli import main; "
            f"sys.exit(main({args!r}))"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if pythonpath:  # A/B: the server from another checkout of reward_server
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     target = f"127.0.0.1:{port}"
     async with AsyncRewardClient(target, timeout_s=60) as c:
         for _ in range(600):
@@ -95,8 +100,8 @@ async def cell(client: AsyncRewardClient, server: psutil.Process, pool: list[d.S
                 bad += len(batch)
             lat.append((time.perf_counter() - t) * 1000)
 
-    stop_at = time.perf_counter() + 1.0  # warm-up: a second at this concurrency
-    await asyncio.gather(*(caller(k) for k in range(concurrency)))
+    stop_at = time.perf_counter() + 1.0  # warm-up: about a second, at most 16 callers
+    await asyncio.gather(*(caller(k) for k in range(min(concurrency, 16))))
     lat.clear()
     bad = sent = 0
     srv, here = cpu_s(server), time.process_time()
@@ -123,6 +128,8 @@ async def main() -> None:
     ap.add_argument("--min-s", type=float, default=None, help="seconds per cell (default 30)")
     ap.add_argument("--gc-gen0", type=int, default=None,
                     help="run the server with gc.freeze() and gc.set_threshold(N, 50, 100)")
+    ap.add_argument("--server-pythonpath", default=None,
+                    help="PYTHONPATH of the server process (A/B against another checkout)")
     ap.add_argument("--per-call", type=int, nargs="+", default=list(PER_CALL))
     ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -131,10 +138,11 @@ async def main() -> None:
     min_calls = args.min_calls or (200 if args.quick else 2000)
     min_s = args.min_s or (3.0 if args.quick else 30.0)
     pool = make_items(4096)
-    proc, target = await start_server(args.overrides, args.gc_gen0)
+    proc, target = await start_server(args.overrides, args.gc_gen0, args.server_pythonpath)
     server = psutil.Process(proc.pid)
     print(f"server pid {proc.pid} at {target}; each cell: {min_calls} calls or {min_s:g} s, whichever "
-          f"comes first; server GC {args.gc_gen0 or 'default'}; {os.cpu_count()} CPUs (client and "
+          f"comes first; server GC {args.gc_gen0 or 'default'}, code from {args.server_pythonpath or 'this checkout'}; "
+          f"{os.cpu_count()} CPUs (client and "
           "server share them)", flush=True)
     rows = []
     try:
