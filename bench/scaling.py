@@ -1,13 +1,17 @@
-"""Scaling of the hosting path: items/s and per-call p50/p99 through gRPC -> in-process engines
-(fake engines: what the server itself costs), vs concurrency and vs items per call.
+"""Scaling of the gRPC ingress with fake engines (what the server itself costs): items/s, per-call
+p50/p99 and the server's CPU per item at concurrency 1/16/64/256 x items per call 1/32/256.
 
-    python bench/scaling.py                      # 4,000 items per cell
-    python bench/scaling.py --items 2000 --ray   # also gRPC -> Ray Serve (starts a local Ray)
+    python bench/scaling.py                  # each cell: >= 2,000 calls or >= 30 s, whichever first
+    python bench/scaling.py --quick          # each cell: >= 200 calls or >= 3 s (a smoke run)
+    python bench/scaling.py --set service.admission.enabled=true   # any server override
 
-Cells: 1-item calls at concurrency 1, 16, 64, 256; then 64 concurrent calls of 1, 8, 64 and 256
-items. Each cell runs the same items (half rubric_score -> judge, half nli_constraints -> NLI),
-every result checked against its item. The first row is the baseline (RewardService.score
-in-process, 256-item calls in sequence); every row prints its ratio to it.
+The server runs in its own process (``reward-server serve --fake``), so its CPU (user+system,
+all threads, from /proc via psutil) is measured apart from this client's. Admission control is
+off by default (a 256 x 256 cell holds 65,536 items in flight, over the default limit: with it
+on, the cell measures pushback waits, not the server's per-item cost). Each cell runs closed
+loop: ``concurrency`` callers send calls back to back until the cell's budget is spent; every
+result is checked (id, OK). Items: half rubric_score -> judge, half nli_constraints -> NLI.
+The last lines print, per item size, items/s at concurrency 256 over 64 (flat: >= 0.95).
 """
 
 from __future__ import annotations
@@ -15,58 +19,154 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import make_items
-from server_overhead import FAKE, run
+from _workload import make_items, pct
 
-from reward_server.app import start_app
-from reward_server.backends.fake import FakeJudge, FakeNLI
+from reward_server import domain as d
 from reward_server.client import AsyncRewardClient
-from reward_server.config import load_config
-from reward_server.service import RewardService
 
-CELLS = [(1, 1), (1, 16), (1, 64), (1, 256), (8, 64), (64, 64), (256, 64)]  # (items per call, concurrency)
+CONCURRENCY = (1, 16, 64, 256)
+PER_CALL = (1, 32, 256)
 
 
-async def grid(label: str, overrides: list[str], items: list[Any], base: float) -> list[dict[str, Any]]:
-    app = await start_app(load_config(overrides=["server.port=0", FAKE, *overrides], env={}))
-    rows = []
-    try:
-        async with AsyncRewardClient(app.target, timeout_s=600) as client:
-            for per_call, conc in CELLS:
-                row = await run(f"{label}: {per_call}-item calls x{conc} concurrent", client.score, items,
-                                per_call=per_call, concurrency=conc)  # fmt: skip
-                row.update(per_call=per_call, concurrency=conc, hosting=label, ratio=row["items_s"] / base)
-                rows.append(row)
-    finally:
-        await app.stop(grace=1.0, drain_delay=0)
-    return rows
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_server(
+    overrides: list[str], gc_gen0: int | None = None, pythonpath: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    args = ["serve", "--fake", "--port", str(port), "--set", "server.drain_delay_s=0",
+            "--set", "service.admission.enabled=false", *(a for o in overrides for a in ("--set", o))]
+    # --gc-gen0: the same server with Python's cyclic GC tuned (an experiment, not a setting)
+    tune = "" if gc_gen0 is None else f"import gc; gc.freeze(); gc.set_threshold({gc_gen0}, 50, 100); "
+    cmd = [sys.executable, "-c", f"{tune}import sys; from reward_server.cli import main; "
+           f"sys.exit(main({args!r}))"]
+    env = dict(os.environ)
+    if pythonpath:  # A/B: the server from another checkout of reward_server
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    target = f"127.0.0.1:{port}"
+    async with AsyncRewardClient(target, timeout_s=60) as c:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}: {' '.join(cmd)}")
+            try:
+                if await c.health(timeout_s=1.0) == "SERVING":
+                    return proc, target
+            except Exception:  # not up yet
+                pass
+            await asyncio.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the server did not come up within 60 s")
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+async def cell(client: AsyncRewardClient, server: psutil.Process, pool: list[d.ScoreItem], *,
+               per_call: int, concurrency: int, min_calls: int, min_s: float) -> dict[str, Any]:
+    calls = [pool[i:i + per_call] for i in range(0, len(pool) - per_call + 1, per_call)]
+    lat: list[float] = []
+    bad = sent = 0
+    stop_at = 0.0
+
+    async def caller(k: int) -> None:
+        nonlocal bad, sent
+        while sent < min_calls and time.perf_counter() < stop_at:
+            batch = calls[(k + sent) % len(calls)]
+            sent += 1
+            t = time.perf_counter()
+            try:
+                res = await client.score(batch)
+                bad += sum(r.item_id != i.item_id or r.status is not d.ItemStatus.OK
+                           for r, i in zip(res, batch, strict=True))
+            except Exception:  # counted as failed items
+                bad += len(batch)
+            lat.append((time.perf_counter() - t) * 1000)
+
+    stop_at = time.perf_counter() + 1.0  # warm-up: about a second, at most 16 callers
+    await asyncio.gather(*(caller(k) for k in range(min(concurrency, 16))))
+    lat.clear()
+    bad = sent = 0
+    srv, here = cpu_s(server), time.process_time()
+    start = time.perf_counter()
+    stop_at = start + min_s
+    await asyncio.gather(*(caller(k) for k in range(concurrency)))
+    wall = time.perf_counter() - start
+    n = len(lat) * per_call
+    row = {"per_call": per_call, "concurrency": concurrency, "calls": len(lat), "items_s": n / wall,
+           "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "wall": wall, "bad": bad,
+           "server_ms_item": 1000 * (cpu_s(server) - srv) / n,
+           "client_ms_item": 1000 * (time.process_time() - here) / n}
+    print(f"{per_call:>4}-item calls x{concurrency:<4} {row['calls']:>6} calls {row['items_s']:>9.0f} items/s"
+          f"   p50 {row['p50']:>7.1f} ms   p99 {row['p99']:>7.1f} ms   server CPU "
+          f"{row['server_ms_item']:.3f} ms/item   client CPU {row['client_ms_item']:.3f} ms/item   "
+          f"failed {bad}", flush=True)
+    return row
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--items", type=int, default=4000)
-    ap.add_argument("--ray", action="store_true", help="also through Ray Serve (a local Ray, num_cpus=0 replicas)")
+    ap.add_argument("--quick", action="store_true", help="each cell >= 200 calls or >= 3 s")
+    ap.add_argument("--min-calls", type=int, default=None, help="calls per cell (default 2,000)")
+    ap.add_argument("--min-s", type=float, default=None, help="seconds per cell (default 30)")
+    ap.add_argument("--gc-gen0", type=int, default=None,
+                    help="run the server with gc.freeze() and gc.set_threshold(N, 50, 100)")
+    ap.add_argument("--server-pythonpath", default=None,
+                    help="PYTHONPATH of the server process (A/B against another checkout)")
+    ap.add_argument("--per-call", type=int, nargs="+", default=list(PER_CALL))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a server config override (repeatable)")
     args = ap.parse_args()
-    items = make_items(args.items)
-    print(f"{args.items} items per cell, {os.cpu_count()} CPUs", flush=True)
-    service = RewardService(judge=FakeJudge(), nli=FakeNLI())
-    a = await run("baseline: in-process service, 256-item calls", service.score, items, per_call=256, concurrency=1)
-    rows = await grid("gRPC->in-process", [], items, a["items_s"])
-    if args.ray:
-        ray = ["serving.mode=ray", "serving.ray.app_prefix=scaling", "serving.ray.judge.num_cpus=0",
-               "serving.ray.nli.num_cpus=0", f"serving.ray.local_num_cpus={max(2, os.cpu_count() or 2)}"]  # fmt: skip
-        rows += await grid("gRPC->Ray Serve", ray, items, a["items_s"])
-    print(f"\n| hosting | items/call | concurrency | items/s | p50 ms | p99 ms | x baseline ({a['items_s']:.0f}/s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    min_calls = args.min_calls or (200 if args.quick else 2000)
+    min_s = args.min_s or (3.0 if args.quick else 30.0)
+    pool = make_items(4096)
+    proc, target = await start_server(args.overrides, args.gc_gen0, args.server_pythonpath)
+    server = psutil.Process(proc.pid)
+    print(f"server pid {proc.pid} at {target}; each cell: {min_calls} calls or {min_s:g} s, whichever "
+          f"comes first; server GC {args.gc_gen0 or 'default'}, code from {args.server_pythonpath or 'this checkout'}; "
+          f"{os.cpu_count()} CPUs (client and "
+          "server share them)", flush=True)
+    rows = []
+    try:
+        async with AsyncRewardClient(target, timeout_s=600) as client:
+            for per_call in args.per_call:
+                for conc in args.concurrency:
+                    rows.append(await cell(client, server, pool, per_call=per_call, concurrency=conc,
+                                           min_calls=min_calls, min_s=min_s))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print("\n| items/call | concurrency | calls | items/s | p50 ms | p99 ms | server CPU ms/item |"
+          " client CPU ms/item |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['hosting']} | {r['per_call']} | {r['concurrency']} | {r['items_s']:.0f} | {r['p50']:.1f} | "
-              f"{r['p99']:.1f} | {r['ratio']:.2f} |")  # fmt: skip
+        print(f"| {r['per_call']} | {r['concurrency']} | {r['calls']} | {r['items_s']:.0f} | {r['p50']:.1f} | "
+              f"{r['p99']:.1f} | {r['server_ms_item']:.3f} | {r['client_ms_item']:.3f} |")
+    by = {(r["per_call"], r["concurrency"]): r for r in rows}
+    for per_call in args.per_call:
+        if (per_call, 64) not in by or (per_call, 256) not in by:
+            continue
+        a, b = by[(per_call, 64)], by[(per_call, 256)]
+        print(f"{per_call}-item calls: items/s at concurrency 256 / 64 x{b['items_s'] / a['items_s']:.2f}"
+              f" (target >= 0.95); server CPU per item 256 / 64 x{b['server_ms_item'] / a['server_ms_item']:.2f}")
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ class RetryBudget:
     or a rolling update of ~30 s and then fail with the server's last status."""
 
     attempts: int = 5
-    """Tries of a call answered UNAVAILABLE, RESOURCE_EXHAUSTED or CANCELLED (1 = no retry).
-    Above gRPC's cap of 5 per call it runs in rounds of 5: rounded up to a multiple of 5."""
+    """Tries of a call answered UNAVAILABLE or CANCELLED (1 = no retry). Above gRPC's cap of 5
+    per call it runs in rounds of 5: rounded up to a multiple of 5. RESOURCE_EXHAUSTED (the
+    server's pushback) is retried until ``deadline_s`` instead, unless this is 1."""
     backoff_initial_s: float = 0.2
     """First retry backoff; doubles per retry (gRPC adds jitter). At least 0.1 s: with
     shorter backoffs gRPC core (1.7x-1.8x) can leave a retried call hanging past its deadline

@@ -27,6 +27,14 @@ passes while the server is unreachable, the error is the channel's own UNAVAILAB
 (e.g. ``failed to connect to all addresses; ... Connection refused``), not a bare
 DEADLINE_EXCEEDED.
 
+Overload is not a failure: a call answered RESOURCE_EXHAUSTED (the server's admission is full)
+after gRPC's own retries is resent after the server's ``grpc-retry-pushback-ms`` (jittered)
+until the call's deadline, however many attempts that takes (unless ``attempts`` is 1: no
+retry). It fails RESOURCE_EXHAUSTED only when the next retry would pass the deadline.
+
+``coalesce=CoalesceSettings()`` (opt-in) merges concurrent small Score calls on this client
+into one call (:mod:`reward_server.coalesce`); verl's integration turns it on.
+
     async with AsyncRewardClient("127.0.0.1:50051") as client:
         results = await client.score([ScoreItem(...)])
 """
@@ -60,17 +68,21 @@ from reward_server.channel import (  # re-exported in __all__: the client's publ
     backoff_delays,
     channel_target,
 )
+from reward_server.coalesce import Coalescer, CoalesceSettings
 from reward_server.errors import RewardServerError
 from reward_server.rpc import convert
 
 __all__ = [
     "GRPC_MAX_ATTEMPTS", "HEALTH", "MIN_BACKOFF_S", "RETRYABLE", "SERVICE", "STUCK_GRACE_S",
-    "AsyncRewardClient", "RetryBudget", "RewardCallError", "RewardClient", "Target",
+    "AsyncRewardClient", "CoalesceSettings", "RetryBudget", "RewardCallError", "RewardClient", "Target",
     "backoff_delays", "channel_target",
 ]
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 STUCK_GRACE_S = 5.0  # a call gRPC has not ended this long after its deadline is cancelled here
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+_MIN_CALL_S = 0.05  # an overloaded call is resent only if at least this is left after the wait
+_MERGED_GRACE_S = 1.0  # a merged caller waits this past its deadline (the call's own error first)
 
 
 class RewardCallError(RewardServerError):
@@ -93,6 +105,22 @@ class RewardCallError(RewardServerError):
         # fields (``__dict__`` restores them and any notes)
         return (functools.partial(type(self), attempts=self.attempts),
                 (self.method, self.code, self.details), self.__dict__)
+
+
+def _pushback_s(e: grpc.aio.AioRpcError) -> float | None:
+    """The server's ``grpc-retry-pushback-ms`` (gRFC A6) in seconds, if it sent one."""
+    trailers: Any = e.trailing_metadata()  # grpc.aio.Metadata (the stubs say a tuple)
+    value = trailers.get(PUSHBACK_KEY) if trailers else None
+    try:
+        ms = int(value) if value is not None else -1
+    except (TypeError, ValueError):
+        return None
+    return ms / 1000 if ms >= 0 else None
+
+
+def _one_callers_fault(e: BaseException) -> bool:
+    """A merged call refused for what one caller sent (resent caller by caller)."""
+    return isinstance(e, RewardCallError) and e.code is grpc.StatusCode.INVALID_ARGUMENT
 
 
 class AsyncRewardClient:
@@ -118,6 +146,7 @@ class AsyncRewardClient:
         tls_root_cert: bytes | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         seed: int | None = None,
+        coalesce: CoalesceSettings | None = None,
     ) -> None:
         self.retry = _budget(retry, timeout_s=timeout_s, max_retries=max_retries,
                              backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s)
@@ -132,6 +161,9 @@ class AsyncRewardClient:
         self._stub = pb_grpc.RewardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._rng = random.Random(seed)
+        # opt-in: merging adds up to window_s of latency and shares a call's fate among callers
+        self._coalescer = None if coalesce is None else Coalescer(
+            self._score_now, coalesce, split_on=_one_callers_fault)
 
     def _open(self, target: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
         if self._tls_root_cert is not None:
@@ -169,7 +201,7 @@ class AsyncRewardClient:
         deadline = time.monotonic() + (timeout_s or budget.deadline_s)
         delays = backoff_delays((rounds or budget.rounds) - 1, base_s=budget.backoff_initial_s,
                                 cap_s=budget.backoff_cap_s, rng=self._rng)
-        made = 0
+        made = overloaded = 0
         while True:
             made += 1
             left = deadline - time.monotonic()
@@ -183,7 +215,7 @@ class AsyncRewardClient:
                     fn(request, timeout=timeout, metadata=self._metadata, wait_for_ready=wfr),
                     timeout + STUCK_GRACE_S)
             except grpc.aio.AioRpcError as e:
-                code, details = e.code(), e.details() or ""
+                code, details, pushback_s = e.code(), e.details() or "", _pushback_s(e)
             except TimeoutError:
                 raise RewardCallError(
                     method, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -193,13 +225,33 @@ class AsyncRewardClient:
                 code, details = await self._why_unreachable(method, request, reserve)
                 raise RewardCallError(method, code, details, attempts=made)
             left = deadline - time.monotonic()
-            if code in RETRYABLE and delays and left > 0:
+            if code is grpc.StatusCode.RESOURCE_EXHAUSTED and budget.attempts > 1:
+                # the server is up and says when to come back: wait for it until the deadline,
+                # not for a number of attempts (an overloaded server loses no reward in time)
+                overloaded += 1
+                delay = self._overload_delay(pushback_s, overloaded)
+                if delay + _MIN_CALL_S < left:
+                    logger.debug("%s: overloaded (%s); retry %d in %.3fs", method, details,
+                                 overloaded, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                details += (f" (server overloaded: retried {overloaded - 1} times; the next "
+                            f"retry, in {delay:.2f} s, would pass the call's deadline)")
+            elif code in RETRYABLE and delays and left > 0:
                 delay = min(delays.pop(0), left)
                 logger.warning("%s: %s (%s) after round %d of %d; next round in %.2fs", method,
                                code.name, details, made, budget.rounds, delay)
                 await asyncio.sleep(delay)
                 continue
             raise RewardCallError(method, code, details, attempts=made)
+
+    def _overload_delay(self, pushback_s: float | None, n: int) -> float:
+        """Sleep before resending an overloaded call: the server's hint, jittered by +-20 %
+        (it jitters too), or without one full-jitter exponential backoff."""
+        if pushback_s is not None:
+            return pushback_s * self._rng.uniform(0.8, 1.2)
+        b = self.retry
+        return self._rng.uniform(0.0, min(b.backoff_cap_s, b.backoff_initial_s * 2 ** min(n, 16)))
 
     def _unreachable(self) -> bool:
         state = self._channel.get_state(try_to_connect=False)
@@ -228,6 +280,20 @@ class AsyncRewardClient:
 
     async def score(
         self, items: Sequence[d.ScoreItem], *, timeout_s: float | None = None
+    ) -> list[d.ItemResult]:
+        if self._coalescer is None:
+            return await self._score_now(items, timeout_s)
+        budget_s = timeout_s or self.retry.deadline_s
+        try:  # the merged call may run to a later caller's deadline: this caller stops at its own
+            return await asyncio.wait_for(
+                self._coalescer.score(items, time.monotonic() + budget_s), budget_s + _MERGED_GRACE_S)
+        except TimeoutError:
+            raise RewardCallError("Score", grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"no answer within the call's deadline ({budget_s:g} s); it was "
+                                  "merged with concurrent calls (coalesce)", attempts=1) from None
+
+    async def _score_now(
+        self, items: Sequence[d.ScoreItem], timeout_s: float | None
     ) -> list[d.ItemResult]:
         request = pb.ScoreRequest(items=[convert.item_to_proto(i) for i in items])
         response = await self._call("Score", self._stub.Score, request, timeout_s)

@@ -25,39 +25,64 @@ import weakref
 from collections import deque
 
 SLICE_S = 0.002  # CPU time one holder may use before the loop polls its sockets again
+_MAX_WAKE = 64
 
 
 class Turnstile:
-    """The time slices of one event loop (see the module doc)."""
+    """The time slices of one event loop (see the module doc).
+
+    A slice is shared by the waiters woken together: each release wakes up to ``_wake`` of them
+    (in order; adaptive: doubled while a slice's holders finish within it, halved when one runs
+    out of it), and the next release comes after they have run. Waking one waiter per release
+    let the next release take the slice before the woken task had run, so under load every
+    waiter did one unit of work per loop iteration, and the loop's per-iteration cost (polling
+    gRPC's sockets) was paid per unit (issue 24: throughput fell past concurrency 64).
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, slice_s: float = SLICE_S) -> None:
         self._loop = loop
         self._slice_s = slice_s
-        self._holder: asyncio.Task[object] | None = None
+        self._holders: set[asyncio.Task[object] | None] = set()
         self._slice_start = 0.0
+        self._fresh = False  # woken holders have not started the slice's clock yet
+        self._checked = False  # the release after a wake-up has waited once for them
         self._waiters: deque[tuple[asyncio.Task[object] | None, asyncio.Future[None]]] = deque()
         self._urgent: deque[tuple[asyncio.Task[object] | None, asyncio.Future[None]]] = deque()
+        self._again: deque[tuple[asyncio.Task[object] | None, asyncio.Future[None]]] = deque()
         self._release_scheduled = False
+        self._wake = 1  # waiters woken per release (adaptive, 1.._MAX_WAKE)
+        self._ran_out = False  # a holder of the current slice ran out of it
         self.waits = 0  # times a caller had to wait for a later iteration (tests, benchmarks)
 
     async def turn(self, *, urgent: bool = False) -> None:
         task = asyncio.current_task()
         now = time.perf_counter()
-        if self._holder is task and now - self._slice_start < self._slice_s:
+        if task in self._holders and now - self._slice_start < self._slice_s:
             return
-        if self._holder is None and not self._waiters and not self._urgent:
-            self._take(task, now)
+        if not self._holders and not self._waiters and not self._urgent and not self._again:
+            self._holders.add(task)
+            self._slice_start = now
+            self._schedule_release()
             return
+        if task in self._holders:
+            self._ran_out = True
         fut: asyncio.Future[None] = self._loop.create_future()
         (self._urgent if urgent else self._waiters).append((task, fut))
         self.waits += 1
         self._schedule_release()
-        await fut  # on wake-up this task holds a fresh slice
-
-    def _take(self, task: asyncio.Task[object] | None, now: float) -> None:
-        self._holder = task
-        self._slice_start = now
-        self._schedule_release()
+        await fut  # on wake-up this task shares a fresh slice with the others woken with it
+        now = time.perf_counter()
+        if self._fresh:
+            self._fresh, self._slice_start = False, now
+        elif now - self._slice_start >= self._slice_s and task in self._holders:
+            # the slice was spent by those woken before it: first in line for the next one
+            self._ran_out = True
+            self._holders.discard(task)
+            fut = self._loop.create_future()
+            self._again.append((task, fut))
+            self._schedule_release()
+            await fut
+            self._fresh, self._slice_start = False, time.perf_counter()
 
     def _schedule_release(self) -> None:
         if not self._release_scheduled:
@@ -66,15 +91,30 @@ class Turnstile:
 
     def _release(self) -> None:
         self._release_scheduled = False
-        self._holder = None
-        for queue in (self._urgent, self._waiters):
-            while queue:
+        if self._holders and self._fresh and not self._checked:
+            # woken last time, not yet run: let them run first (once; a cancelled one never runs)
+            self._checked = self._release_scheduled = True
+            self._loop.call_soon(self._release)
+            return
+        self._checked = self._fresh = False
+        self._holders.clear()
+        if self._ran_out:
+            self._wake = max(1, self._wake // 2)
+        elif self._wake < _MAX_WAKE:
+            self._wake *= 2
+        self._ran_out = False
+        n = 0
+        for queue in (self._again, self._urgent, self._waiters):
+            while queue and n < self._wake:
                 task, fut = queue.popleft()
                 if fut.done():  # the waiter was cancelled
                     continue
-                self._take(task, time.perf_counter())
+                self._holders.add(task)
                 fut.set_result(None)
-                return
+                n += 1
+        if n:
+            self._fresh = self._release_scheduled = True
+            self._loop.call_soon(self._release)  # checks, next iteration, that they have run
 
 
 _TURNSTILES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turnstile] = (

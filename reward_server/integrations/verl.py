@@ -19,7 +19,15 @@ verl's reward loop (``naive`` manager) awaits, once per finished rollout::
 Everything the reward needs is in ``extra_info`` (written by ``python -m trainer.data.prepare``,
 see :mod:`reward_server.integrations.extra_info`); the reward kwargs say where the server is and
 how long a call may try (:class:`reward_server.client.RetryBudget`): ``attempts``,
-``backoff_cap_s``, ``deadline_s``. The result is a dict with fixed keys (verl builds its metric
+``backoff_cap_s``, ``deadline_s``.
+
+Concurrent ``compute_score`` calls of one reward-loop worker are merged into one Score call
+(:mod:`reward_server.coalesce`): each call waits up to ``coalesce_window_ms`` (2) for others, up
+to ``coalesce_max_items`` (256) items per call; ``coalesce_max_items: 1`` turns it off. Each
+rollout still gets its own result or its own error. On by default: verl awaits one call per
+finished rollout, and merged calls cost the server a fraction of the CPU per item.
+
+The result is a dict with fixed keys (verl builds its metric
 arrays from the first result's keys): ``score``, ``policy_invalid``, ``reward_masked`` and the
 kind's components (a component the server did not report is NaN).
 
@@ -50,7 +58,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
+from reward_server.client import AsyncRewardClient, CoalesceSettings, RetryBudget, RewardCallError
 from reward_server.domain import ItemResult, ItemStatus
 from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
 
@@ -63,7 +71,10 @@ MODULE = __name__
 # keyword arguments verl's reward managers pass besides the four documented ones
 _VERL_CALL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 
-_clients: dict[tuple[Any, ...], AsyncRewardClient] = {}
+# per event loop, keyed by the loop itself (an id() of a dead loop can be reused by a new one,
+# which would get clients whose channels belong to the dead loop); a closed loop's entry is
+# dropped when the next loop makes its first client. Then per (server, token, budget).
+_clients: dict[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncRewardClient]] = {}
 _lock = threading.Lock()
 _counts = {"scored": 0, "policy_invalid": 0, "masked": 0}
 
@@ -73,13 +84,22 @@ def counters() -> dict[str, int]:
     return dict(_counts)
 
 
-def _client(address: str, token: str | None, budget: RetryBudget) -> AsyncRewardClient:
-    """One client per (server, budget, event loop): grpc.aio channels belong to their loop."""
-    key = (address, token, budget, id(asyncio.get_running_loop()))
+def _client(
+    address: str, token: str | None, budget: RetryBudget, coalesce: CoalesceSettings | None
+) -> AsyncRewardClient:
+    """One client per (event loop, server, budget): grpc.aio channels belong to their loop,
+    and concurrent calls merge only on one client."""
+    key = (address, token, budget, coalesce)
     with _lock:
-        client = _clients.get(key)
+        loop = asyncio.get_running_loop()
+        if loop not in _clients:
+            for dead in [lp for lp in _clients if lp.is_closed()]:
+                del _clients[dead]  # its channels died with it; nothing left to close
+        mine = _clients.setdefault(loop, {})
+        client = mine.get(key)
         if client is None:
-            client = _clients[key] = AsyncRewardClient(address, token=token, retry=budget)
+            client = mine[key] = AsyncRewardClient(address, token=token, retry=budget,
+                                                   coalesce=coalesce)
         return client
 
 
@@ -113,6 +133,8 @@ async def compute_score(
     backoff_cap_s: float = RetryBudget.backoff_cap_s,
     deadline_s: float = RetryBudget.deadline_s,
     mask_infra_failures: bool = False,
+    coalesce_window_ms: float = 1000 * CoalesceSettings.window_s,
+    coalesce_max_items: int = CoalesceSettings.max_items,
     **verl_kwargs: Any,
 ) -> dict[str, float]:
     """Score one rollout on the reward server; see the module doc for the contract."""
@@ -134,7 +156,9 @@ async def compute_score(
     item = row.item(solution_str, item_id=f"{row.user_id}#{row.index}")
     budget = RetryBudget(attempts=attempts, backoff_cap_s=backoff_cap_s, deadline_s=deadline_s,
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
-    client = _client(address, os.environ.get(token_env) or None, budget)
+    coalesce = (CoalesceSettings(window_s=coalesce_window_ms / 1000, max_items=coalesce_max_items)
+                if coalesce_max_items > 1 else None)
+    client = _client(address, os.environ.get(token_env) or None, budget, coalesce)
     try:
         (result,) = await client.score([item])
     except RewardCallError as e:
@@ -160,10 +184,8 @@ def reward_kwarg_names() -> frozenset[str]:
 
 async def close_clients() -> None:
     """Close this event loop's clients (verl never calls it; tests do)."""
-    loop_id = id(asyncio.get_running_loop())
     with _lock:
-        mine = [k for k in _clients if k[-1] == loop_id]
-        clients = [_clients.pop(k) for k in mine]
+        clients = _clients.pop(asyncio.get_running_loop(), {}).values()
     for c in clients:
         await c.close()
 

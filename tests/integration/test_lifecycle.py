@@ -50,11 +50,15 @@ async def test_client_retries_retryable_codes_within_budget(error, code) -> None
             assert (await c.score([ITEM]))[0].status is d.ItemStatus.OK
             assert judge.calls == 3  # gRPC's retryPolicy: 2 failed tries, then the answer
         judge.calls, judge.failures = 0, 100
-        async with r.client(max_retries=2, backoff_base_s=0.1) as c:
+        async with r.client(max_retries=2, backoff_base_s=0.1, timeout_s=2.0) as c:
             with pytest.raises(RewardCallError) as e:
                 await c.score([ITEM])
-        assert e.value.code is code and error.args[0] in e.value.details  # the server's status
-        assert judge.calls == 3  # budget honoured: 1 try + 2 retries
+        if code is grpc.StatusCode.UNAVAILABLE:
+            assert e.value.code is code and error.args[0] in e.value.details  # the server's status
+            assert judge.calls == 3  # budget honoured: 1 try + 2 retries
+        else:  # overload is waited out until the deadline, however many attempts that takes
+            assert e.value.code in (code, grpc.StatusCode.DEADLINE_EXCEEDED)
+            assert judge.calls > 3
 
 
 async def test_a_budget_above_grpcs_cap_of_5_attempts_runs_in_rounds() -> None:

@@ -99,3 +99,29 @@ async def test_urgent_waiters_go_first() -> None:
 
     await asyncio.gather(hog(), waiter("a", False), waiter("b", False), waiter("u", True))
     assert order == ["hog", "u", "a", "b"]
+
+
+async def test_under_load_a_slice_serves_many_small_units_per_iteration() -> None:
+    """50 tasks x 20 tiny units, all queued: the slices go to several waiters per loop iteration,
+    not one unit per iteration (the loop's own cost, polling sockets, was paid per unit)."""
+    iterations = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal iterations
+        while not done:
+            iterations += 1
+            await asyncio.sleep(0)
+
+    async def worker() -> None:
+        for _ in range(20):
+            await cooperative.turn()
+            _busy(0.00001)
+
+    t = asyncio.create_task(ticker())
+    await cooperative.turn()
+    _busy(0.003)  # hold past the slice: every worker queues behind this task
+    await asyncio.gather(*(worker() for _ in range(50)))
+    done = True
+    await t
+    assert iterations < 50 * 20 / 4, iterations

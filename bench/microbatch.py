@@ -1,0 +1,146 @@
+"""verl's call pattern (one ``compute_score`` per finished rollout: N concurrent 1-item callers)
+with and without client-side micro-batching (:mod:`reward_server.coalesce`), against the fake
+engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run.
+
+    python bench/microbatch.py                    # N=256 callers, 8 calls each, per row
+    python bench/microbatch.py --callers 256 --calls 16 --window-ms 2
+    python bench/microbatch.py --no-ray           # in-process only
+
+The server (``start_app``: gRPC ingress plus engines in this process, or engines on Ray Serve)
+runs in this process; the callers run in a child process, as verl's RewardLoopWorker is its own
+process: each of N callers awaits ``AsyncRewardClient.score([one item])`` ``--calls`` times in a
+row on one shared client, so N calls are in flight at once. Every result is checked (id, OK).
+Prints items/s, p50/p99 per call, the server process's CPU per item (on Ray the replicas'
+CPU is not counted) and the callers' CPU per item, then the ratios: with/without
+micro-batching per hosting, and Ray/in-process with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import make_items, pct
+
+from reward_server import domain as d
+from reward_server.app import start_app
+from reward_server.client import AsyncRewardClient, CoalesceSettings
+from reward_server.config import load_config
+
+FAKE = "engines={judge: {kind: fake}, nli: {kind: fake}}"
+
+
+async def pattern(client: AsyncRewardClient, items: list[d.ScoreItem], callers: int) -> dict[str, Any]:
+    """``callers`` concurrent callers, each scoring its share of ``items`` one item per call."""
+    lat: list[float] = []
+    bad = 0
+
+    async def caller(mine: list[d.ScoreItem]) -> None:
+        nonlocal bad
+        for it in mine:
+            t = time.perf_counter()
+            try:
+                (res,) = await client.score([it])
+                bad += res.item_id != it.item_id or res.status is not d.ItemStatus.OK
+            except Exception:  # counted, reported
+                bad += 1
+            lat.append((time.perf_counter() - t) * 1000)
+
+    await asyncio.gather(*(caller(items[k:k + 1]) for k in range(min(callers, len(items)))))  # warm-up
+    lat.clear()
+    bad = 0
+    cpu, start = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(caller(items[k::callers]) for k in range(callers)))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"items_s": len(items) / wall, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
+            "cpu_ms_item": 1000 * cpu / len(items), "bad": bad, "wall": wall}
+
+
+async def callers(args: argparse.Namespace) -> None:
+    """The child process: run the pattern against ``args.client`` and print one JSON row."""
+    items = make_items(args.callers * args.calls)
+    coalesce = CoalesceSettings(window_s=args.window_ms / 1000, max_items=args.max_items)
+    async with AsyncRewardClient(args.client, timeout_s=600,
+                                 coalesce=coalesce if args.mode == "on" else None) as client:
+        row = await pattern(client, items, args.callers)
+        row["score_calls"] = client._coalescer.calls_sent if client._coalescer else None
+    print(json.dumps(row), flush=True)
+
+
+async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    app = await start_app(load_config(overrides=["server.port=0", "server.drain_delay_s=0", FAKE,
+                                                 *overrides], env={}))
+    rows = {}
+    try:
+        for mode in ("off", "on"):
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--client", app.target, "--mode", mode,
+                "--callers", str(args.callers), "--calls", str(args.calls),
+                "--window-ms", str(args.window_ms), "--max-items", str(args.max_items),
+                stdout=asyncio.subprocess.PIPE)
+            cpu = time.process_time()
+            out, _ = await child.communicate()
+            cpu = time.process_time() - cpu
+            if child.returncode != 0:
+                raise RuntimeError(f"the callers' process failed ({child.returncode})")
+            row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
+            n = args.callers * args.calls
+            row["server_ms_item"] = 1000 * cpu / (n + min(args.callers, n))  # + warm-up items
+            sent = row["score_calls"]
+            print(f"{hosting:<16} micro-batching {mode:<3}  {row['items_s']:>8.0f} items/s   "
+                  f"p50 {row['p50']:>7.1f} ms   p99 {row['p99']:>7.1f} ms   server CPU "
+                  f"{row['server_ms_item']:.3f} ms/item   callers' CPU {row['cpu_ms_item']:.3f} ms/item"
+                  f"   wall {row['wall']:5.1f} s   failed/mismatched {row['bad']}"
+                  + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else ""), flush=True)
+    finally:
+        await app.stop(grace=1.0, drain_delay=0)
+    return rows
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--callers", type=int, default=256, help="concurrent 1-item callers (N)")
+    ap.add_argument("--calls", type=int, default=8, help="calls per caller, in a row")
+    ap.add_argument("--window-ms", type=float, default=1000 * CoalesceSettings.window_s)
+    ap.add_argument("--max-items", type=int, default=CoalesceSettings.max_items)
+    ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve hosting")
+    ap.add_argument("--client", help=argparse.SUPPRESS)  # the callers' process: the server's target
+    ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        await callers(args)
+        return
+    n = args.callers * args.calls
+    print(f"{args.callers} concurrent 1-item callers x {args.calls} calls = {n} items per "
+          f"row; window {args.window_ms:g} ms, max {args.max_items} items per merged call; "
+          f"{os.cpu_count()} CPUs", flush=True)
+    local = await scenario("gRPC->in-process", [], args)
+    ray = None
+    if not args.no_ray:
+        ray = await scenario("gRPC->Ray Serve", [
+            "serving.mode=ray", "serving.ray.app_prefix=microbatch", "serving.ray.local_num_cpus=2",
+            "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"], args)
+    print("\n| hosting | micro-batching | items/s | p50 ms | p99 ms | server CPU ms/item | callers' CPU ms/item |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for hosting, rows in (("gRPC -> in-process", local), ("gRPC -> Ray Serve", ray)):
+        for mode, r in (rows or {}).items():
+            print(f"| {hosting} | {mode} | {r['items_s']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
+                  f"{r['server_ms_item']:.3f} | {r['cpu_ms_item']:.3f} |")
+    print(f"\nin-process: with / without micro-batching x{local['on']['items_s'] / local['off']['items_s']:.2f}"
+          " (target >= 5)")
+    if ray:
+        print(f"Ray Serve:  with / without micro-batching x{ray['on']['items_s'] / ray['off']['items_s']:.2f}")
+        print(f"with micro-batching: Ray / in-process x{ray['on']['items_s'] / local['on']['items_s']:.2f}"
+              " (target >= 0.8)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
