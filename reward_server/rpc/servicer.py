@@ -11,7 +11,7 @@ interceptor) instead of after its body, so that a call is:
 2. given ``server.receive_timeout_s`` for its one request message (half-open calls end);
 3. parsed here (:mod:`reward_server.rpc.wire`): a malformed body is INVALID_ARGUMENT, a large
    Score request is parsed and converted item by item;
-4. admitted by size, then by judgments (:mod:`reward_server.admission`), then run under the
+4. admitted by size, then by judgments (:mod:`reward_server.service.admission`), then run under the
    client's deadline (or ``server.default_timeout_s``); every exception goes through the one
    status table (:mod:`reward_server.rpc.status`).
 
@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.admission import Admission, Ticket
+from reward_server.service.admission import Admission, Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
 from reward_server.rpc.memory import Trimmer

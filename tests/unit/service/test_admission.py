@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reward_server.admission import Admission, AdmissionSettings
+from reward_server.service.admission import Admission, AdmissionSettings
 from reward_server.errors import Overloaded
 from reward_server.service import admission_for
 

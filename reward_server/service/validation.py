@@ -8,7 +8,7 @@ largest request allowed never holds the event loop for long.
 
 The cost of a request is counted in *judgments*: the judge prompts and NLI pairs it will send to
 the engines, estimated from its shape (an upper bound where the shape leaves it open, e.g. PARL
-counts ``rubric.max_rules`` rules). Admission control (:mod:`reward_server.admission`) counts
+counts ``rubric.max_rules`` rules). Admission control (:mod:`reward_server.service.admission`) counts
 the same unit.
 """
 

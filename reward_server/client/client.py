@@ -48,7 +48,7 @@ import grpc
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
-from reward_server.channel import (  # re-exported in __all__: the client's public API
+from reward_server.client.channel import (  # re-exported in __all__: the client's public API
     GRPC_MAX_ATTEMPTS,
     HEALTH,
     MIN_BACKOFF_S,

@@ -1,6 +1,6 @@
 """Admission control: bounded work in flight, refused cheaply when full.
 
-Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.validation`)
+Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.service.validation`)
 and in request bytes, not in calls: one call of 1,024 items costs what 1,024 calls of one item
 cost. A call is admitted when its work fits beside what is already in flight, or when nothing is
 in flight (so a request larger than the limit still runs, alone). Otherwise it is refused at

@@ -3,9 +3,9 @@ Ray-agnostic.
 
 The service sees engines only through the protocols of :mod:`reward_server.backends.base`; whether
 they run in this process or as Ray Serve deployments is the hosting layer's business. Semantic
-validation of a request happens here (:mod:`reward_server.validation`) and nowhere else
+validation of a request happens here (:mod:`reward_server.service.validation`) and nowhere else
 (structure is checked by the transport's conversion; the science modules take validated input),
-then admission control (:mod:`reward_server.admission`) decides before any engine work. Items
+then admission control (:mod:`reward_server.service.admission`) decides before any engine work. Items
 start through :func:`reward_server.cooperative.turn`, so fanning out a large batch shares the
 event loop with every other call.
 """
@@ -23,12 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server import API_VERSION, __version__, components, cooperative, nli, rubric
 from reward_server import domain as d
-from reward_server.admission import Admission, AdmissionSettings, Ticket
+from reward_server.service.admission import Admission, AdmissionSettings, Ticket
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.errors import BackendUnavailable
 from reward_server.nli.settings import NLISettings
 from reward_server.rubric.settings import RubricSettings
-from reward_server.validation import Limits, Validator
+from reward_server.service.validation import Limits, Validator
 
 __all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for"]
 
