@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reward_server.config import RubricSettings
 from reward_server.domain import ParlVariant, RewardKind
-from reward_server.rubric.settings import RubricSettings
 from reward_server.rubric.templates import generator_request
 from trainer.data.records import DataFormatError, UserRecord
 from trainer.tasks.common import base_extra_info
