@@ -123,3 +123,23 @@ def test_info_reports_settings_components_and_fakes() -> None:
     assert int(info.settings["service.admission.max_judgments_in_flight"]) > 0
     assert {"rubric_score", "parl_reward", "nli_constraints", "weighted"} == set(info.components)
     assert not RewardService(judge=FakeJudge(), nli=FakeNLI()).info().fake_engines
+
+
+def test_a_batch_checked_as_it_arrives_is_validated_only_when_seen_whole() -> None:
+    s = service()
+    items = [ScoreItem("a", NLI), ScoreItem("b", NLI)]
+    check = s.batch_check()
+    check.size(len(items))
+    check.item(items[0], 0)
+    with pytest.raises(RuntimeError, match="not every item"):
+        check.done(items)
+    check.item(items[1], 1)
+    batch = check.done(items)
+    assert batch.items == tuple(items) and batch.judgments == 4
+
+
+async def test_induction_resolves_the_default_sample_count_once() -> None:
+    s = service()
+    plan = s.validator.induce(H, num_samples=0)
+    assert plan.samples == s.rubric.induction_samples
+    assert s.validator.induce(H, num_samples=3).samples == 3
