@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from typing import assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -154,19 +153,14 @@ class RewardService:
             raise RuntimeError(f"{kind.proto_field}: no reward and no policy_invalid reason")
         return outcome
 
-    async def _outcome(self, spec: d.ItemSpec) -> d.RewardOutcome:
-        match spec:
-            case d.WeightedSpec():  # a combination of leaves, each through leaf()
-                return await kinds.of(spec).score(spec, self)
-            case d.RubricScoreSpec() | d.ParlRewardSpec() | d.NliConstraintsSpec():
-                return await self.leaf(spec)
-            case _:
-                assert_never(spec)
-
     async def _score_item(self, item: d.ScoreItem) -> d.ItemResult:
         await cooperative.turn()  # items start a time slice at a time, not all in one go
         start = time.perf_counter()
-        outcome = await self._outcome(item.spec)
+        spec = item.spec
+        if isinstance(spec, d.WeightedSpec):  # a combination: its parts go through leaf()
+            outcome = await kinds.of(spec).score(spec, self)
+        else:
+            outcome = await self.leaf(spec)
         if outcome.reward is None or not math.isfinite(outcome.reward):
             raise RuntimeError(f"item {item.item_id!r}: the reward came out as {outcome.reward}")
         elapsed_ms = (time.perf_counter() - start) * 1000.0

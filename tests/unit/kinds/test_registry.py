@@ -4,6 +4,7 @@ every spec, each kind's validation counts its judgments, and the service scores 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
@@ -42,6 +43,7 @@ SPECS: dict[RewardKind, ItemSpec] = {
 
 def test_every_reward_kind_is_declared_once_with_the_declared_components() -> None:
     assert set(kinds.KINDS) == set(RewardKind)
+    assert {k.spec for k in kinds.KINDS.values()} == set(typing.get_args(ItemSpec))  # of() is total
     for kind, decl in kinds.KINDS.items():
         assert decl.kind is kind
         assert decl.components == components.COMPONENTS[kind]
