@@ -27,11 +27,8 @@ class Checks(Protocol):
     """The request limits a kind's validation checks against
     (:class:`reward_server.service.validation.Validator`)."""
 
-    @property
-    def rubric(self) -> RubricSettings: ...
-
-    @property
-    def nlicv(self) -> NLISettings: ...
+    rubric: RubricSettings
+    nlicv: NLISettings
 
     def text(self, value: str, where: str, *, required: bool = True) -> None:
         """Refuse a text over ``service.limits.max_text_bytes`` (or empty, if ``required``)."""
@@ -49,17 +46,10 @@ class Checks(Protocol):
 class Science(Protocol):
     """What a kind's score function runs on (:class:`reward_server.service.RewardService`)."""
 
-    @property
-    def judge(self) -> JudgeEngine: ...
-
-    @property
-    def nli(self) -> NLIEngine: ...
-
-    @property
-    def rubric(self) -> RubricSettings: ...
-
-    @property
-    def nlicv(self) -> NLISettings: ...
+    judge: JudgeEngine
+    nli: NLIEngine
+    rubric: RubricSettings
+    nlicv: NLISettings
 
     async def leaf(self, spec: d.LeafSpec) -> d.RewardOutcome:
         """The outcome of one leaf spec, its policy output checked and penalised as for an item."""

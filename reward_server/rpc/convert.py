@@ -159,11 +159,8 @@ class BatchCheck(Protocol):
     """Validation of a Score batch as it is converted
     (:class:`reward_server.service.validation.BatchCheck`)."""
 
-    @property
-    def max_items(self) -> int: ...
-
-    @property
-    def max_item_bytes(self) -> int: ...
+    max_items: int
+    max_item_bytes: int
 
     def size(self, n: int) -> None:
         """Refuse a batch of ``n`` items (``max_items + 1``: more than allowed)."""

@@ -81,8 +81,8 @@ class Validator:
 
     def __init__(self, limits: Limits, rubric: RubricSettings, nlicv: NLISettings) -> None:
         self.limits = limits
-        self._rubric = rubric
-        self._nlicv = nlicv
+        self.rubric = rubric
+        self.nlicv = nlicv
 
     # ------------------------------------------------------------------ pieces
     def text(self, value: str, where: str, *, required: bool = True) -> None:
@@ -119,16 +119,8 @@ class Validator:
             self.text(h.context, f"{where}[{k}].context", required=False)
             self.text(h.text, f"{where}[{k}].text")
 
-    @property
-    def rubric(self) -> RubricSettings:
-        return self._rubric
-
-    @property
-    def nlicv(self) -> NLISettings:
-        return self._nlicv
-
     def _judged_history(self, n: int) -> int:
-        return min(n, self._rubric.history_limit)
+        return min(n, self.rubric.history_limit)
 
     # -------------------------------------------------------------------- Score
     def spec(self, spec: d.ItemSpec, where: str) -> int:
@@ -212,9 +204,9 @@ class Validator:
         self.history(history, "history")
         if num_samples < 0 or num_samples > 64:
             raise InvalidRequest(f"num_samples: {num_samples} is outside 0..64 (0 = server default)")
-        k = num_samples or self._rubric.induction_samples
+        k = num_samples or self.rubric.induction_samples
         judgments = self.total(
-            k * (1 + self._rubric.max_rules * self._judged_history(len(history))), "history")
+            k * (1 + self.rubric.max_rules * self._judged_history(len(history))), "history")
         return Induction(samples=k, judgments=judgments)
 
 
@@ -246,14 +238,8 @@ class BatchCheck:
         self._seen: dict[str, int] = {}
         self._judgments = 0
         self._count: int | None = None
-
-    @property
-    def max_items(self) -> int:
-        return self._validator.limits.max_batch_items
-
-    @property
-    def max_item_bytes(self) -> int:
-        return self._validator.limits.max_item_bytes
+        self.max_items = validator.limits.max_batch_items
+        self.max_item_bytes = validator.limits.max_item_bytes
 
     def size(self, n: int) -> None:
         self._validator.batch_size(n)

@@ -9,41 +9,29 @@ import typing
 import pytest
 
 from reward_server import components, kinds
+from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.backends.fake import FakeJudge, FakeNLI
-from reward_server.domain import (
-    HistoryItem,
-    ItemSpec,
-    NliConstraintsSpec,
-    ParlRewardSpec,
-    ParlVariant,
-    RewardKind,
-    RubricScoreSpec,
-    ScoreItem,
-    WeightedPart,
-    WeightedSpec,
-    kind_of,
-)
 from reward_server.errors import InvalidRequest
 from reward_server.nli.settings import NLISettings
 from reward_server.rubric.settings import RubricSettings
 from reward_server.service import Limits, RewardService, Validator
 
 RULE = 'The text uses the word "alpha".'
-H = (HistoryItem("c", "alpha"), HistoryItem("c", "alpha beta"))
-RUBRIC = RubricScoreSpec("ctx", "alpha here", (RULE, RULE, RULE))
-PARL = ParlRewardSpec(H, "[]", HistoryItem("t", "alpha"), ("b1", "b2"), ParlVariant.PARL_A)
-NLI = NliConstraintsSpec("Paris is big.", "Paris", "big")
-WEIGHTED = WeightedSpec((WeightedPart(1.0, RUBRIC), WeightedPart(2.0, NLI)))
-SPECS: dict[RewardKind, ItemSpec] = {
-    RewardKind.RUBRIC_SCORE: RUBRIC, RewardKind.PARL_REWARD: PARL,
-    RewardKind.NLI_CONSTRAINTS: NLI, RewardKind.WEIGHTED: WEIGHTED,
+H = (d.HistoryItem("c", "alpha"), d.HistoryItem("c", "alpha beta"))
+RUBRIC = d.RubricScoreSpec("ctx", "alpha here", (RULE, RULE, RULE))
+PARL = d.ParlRewardSpec(H, "[]", d.HistoryItem("t", "alpha"), ("b1", "b2"), d.ParlVariant.PARL_A)
+NLI = d.NliConstraintsSpec("Paris is big.", "Paris", "big")
+WEIGHTED = d.WeightedSpec((d.WeightedPart(1.0, RUBRIC), d.WeightedPart(2.0, NLI)))
+SPECS: dict[d.RewardKind, d.ItemSpec] = {
+    d.RewardKind.RUBRIC_SCORE: RUBRIC, d.RewardKind.PARL_REWARD: PARL,
+    d.RewardKind.NLI_CONSTRAINTS: NLI, d.RewardKind.WEIGHTED: WEIGHTED,
 }
 
 
 def test_every_reward_kind_is_declared_once_with_the_declared_components() -> None:
-    assert set(kinds.KINDS) == set(RewardKind)
-    assert {k.spec for k in kinds.KINDS.values()} == set(typing.get_args(ItemSpec))  # of() is total
+    assert set(kinds.KINDS) == set(d.RewardKind)
+    assert {k.spec for k in kinds.KINDS.values()} == set(typing.get_args(d.ItemSpec))  # of() is total
     for kind, decl in kinds.KINDS.items():
         assert decl.kind is kind
         assert decl.components == components.COMPONENTS[kind]
@@ -55,7 +43,7 @@ def test_each_kind_names_its_proto_field_and_response_field() -> None:
     for decl in kinds.KINDS.values():
         fields = {f.name: f for f in dataclasses.fields(decl.spec)}  # type: ignore[arg-type]
         if decl.response_field is None:  # a combination: each part has its own
-            assert decl.kind is RewardKind.WEIGHTED
+            assert decl.kind is d.RewardKind.WEIGHTED
             continue
         assert decl.response_field in fields
         proto = getattr(pb.ScoreItem(), decl.proto_field)
@@ -65,10 +53,10 @@ def test_each_kind_names_its_proto_field_and_response_field() -> None:
 def test_dispatch_finds_the_kind_of_every_spec() -> None:
     for kind, spec in SPECS.items():
         assert kinds.of(spec) is kinds.KINDS[kind]
-        assert kind_of(spec) is kind
-    assert kinds.KINDS[RewardKind.PARL_REWARD].response(PARL) == "[]"
+        assert d.kind_of(spec) is kind
+    assert kinds.KINDS[d.RewardKind.PARL_REWARD].response(PARL) == "[]"
     with pytest.raises(TypeError, match="no response field"):
-        kinds.KINDS[RewardKind.WEIGHTED].response(WEIGHTED)
+        kinds.KINDS[d.RewardKind.WEIGHTED].response(WEIGHTED)
 
 
 def test_each_kind_counts_its_judgments() -> None:
@@ -84,15 +72,15 @@ def test_each_kind_counts_its_judgments() -> None:
 def test_validation_names_the_kind_field_of_the_item() -> None:
     v = Validator(Limits(), RubricSettings(), NLISettings())
     with pytest.raises(InvalidRequest, match=r"^items\[0\]\.rubric_score\.rules: needs at least one rule"):
-        v.spec(RubricScoreSpec("c", "t", ()), "items[0]")
+        v.spec(d.RubricScoreSpec("c", "t", ()), "items[0]")
     with pytest.raises(InvalidRequest, match=r"^items\[0\]\.weighted\.parts\[1\]\.nli_constraints\.answer"):
-        v.spec(WeightedSpec((WeightedPart(1.0, NLI), WeightedPart(1.0, NliConstraintsSpec("r", "", "p")))),
+        v.spec(d.WeightedSpec((d.WeightedPart(1.0, NLI), d.WeightedPart(1.0, d.NliConstraintsSpec("r", "", "p")))),
                "items[0]")
 
 
 async def test_the_service_scores_every_kind_through_its_declaration() -> None:
     s = RewardService(judge=FakeJudge(), nli=FakeNLI())
-    batch = await s.validate([ScoreItem(k.value, spec) for k, spec in SPECS.items()])
+    batch = await s.validate([d.ScoreItem(k.value, spec) for k, spec in SPECS.items()])
     assert batch.judgments == sum(s.validator.spec(spec, "x") for spec in SPECS.values())
     for result, (kind, _spec) in zip(await s.score(batch), SPECS.items(), strict=True):
         assert result.item_id == kind.value and result.reward is not None
