@@ -18,9 +18,9 @@ from reward_server.service.service import (
     admission_for,
     weighted_mean,
 )
-from reward_server.service.validation import Limits, Validator
+from reward_server.service.validation import BatchCheck, Induction, Limits, ValidatedBatch, Validator
 
 __all__ = [
-    "Admission", "AdmissionSettings", "Limits", "RewardService", "ServiceSettings", "Ticket",
-    "Validator", "admission_for", "weighted_mean",
+    "Admission", "AdmissionSettings", "BatchCheck", "Induction", "Limits", "RewardService",
+    "ServiceSettings", "Ticket", "ValidatedBatch", "Validator", "admission_for", "weighted_mean",
 ]

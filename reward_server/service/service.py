@@ -3,13 +3,15 @@ Ray-agnostic.
 
 The service sees engines only through the protocols of :mod:`reward_server.backends.base`; whether
 they run in this process or as Ray Serve deployments is the hosting layer's business. Semantic
-validation of a request happens here (:mod:`reward_server.service.validation`) and nowhere else
-(structure is checked by the transport's conversion; the science modules take validated input),
-then admission control (:mod:`reward_server.service.admission`) decides before any engine work. Items
+validation of a request happens in :mod:`reward_server.service.validation` and nowhere else
+(structure is checked by the transport's conversion; the science modules take validated input):
+:meth:`RewardService.score` takes only the :class:`ValidatedBatch` it makes (:meth:`validate`,
+or :meth:`batch_check` item by item as a transport converts), then admission control
+(:mod:`reward_server.service.admission`) decides before any engine work. Each item is scored by
+its kind's declaration (:mod:`reward_server.kinds`); the service names no kind itself. Items
 start through :func:`reward_server.cooperative.turn`, so fanning out a large batch shares the
 event loop with every other call.
 """
-
 from __future__ import annotations
 
 import asyncio
