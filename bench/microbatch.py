@@ -1,5 +1,5 @@
 """verl's call pattern (one ``compute_score`` per finished rollout: N concurrent 1-item callers)
-with and without client-side micro-batching (:mod:`reward_server.coalesce`), against the fake
+with and without client-side micro-batching (:mod:`reward_server.client.coalesce`), against the fake
 engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run.
 
     python bench/microbatch.py                    # N=256 callers, 8 calls each, per row

@@ -1,9 +1,11 @@
 """THE declaration of every reward component: name and meaning, per reward kind.
 
 An :class:`~reward_server.domain.ItemResult` carries, besides its reward, named numbers in
-``components``. They are declared here once: the science modules produce exactly these names
-(tests hold them to it), ``Info`` serves them, and the trainers log the fixed ones from here,
-so a rename on the server cannot turn into silent NaN columns in a training log.
+``components``. They are declared here once, and these declarations are their type: the
+science writes each name through them (:class:`RubricScore`, :class:`ParlReward`,
+:class:`NliConstraints`, :class:`Weighted`; a misspelt one fails mypy, not a test), ``Info``
+serves them, and the trainers log the fixed ones from here, so a rename on the server cannot
+turn into silent NaN columns in a training log.
 
 A name with ``{i}`` is a family indexed 0, 1, ... (one per rule, per baseline, per part).
 ``weighted`` items report, per part ``j``, ``part{j}.reward``, ``part{j}.weight`` and every
@@ -15,12 +17,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from reward_server.domain import ComponentInfo, Regime, RewardKind
 
 
 @dataclass(frozen=True)
 class Component:
+    """One declared component. The science writes a fixed one under :attr:`name` and one of an
+    indexed family under :meth:`at`; both come from these declarations, never from a literal."""
+
     name: str
     meaning: str
 
@@ -28,47 +34,94 @@ class Component:
     def indexed(self) -> bool:
         return "{i}" in self.name
 
+    def at(self, i: int) -> str:
+        """The name of member ``i`` of an indexed family (``p_yes.{i}`` -> ``p_yes.3``)."""
+        if not self.indexed:
+            raise ValueError(f"component {self.name!r} is not an indexed family")
+        return self.name.replace("{i}", str(i))
+
     def pattern(self) -> re.Pattern[str]:
         return re.compile(re.escape(self.name).replace(re.escape("{i}"), r"\d+") + r"\Z")
 
 
-_RUBRIC = (
-    Component("mean_p_yes", "mean over the rules of the judge's p_yes (S in PARL)"),
-    Component("fraction_satisfied", "share of rules with p_yes > rubric.threshold (>= with threshold_rule=ge)"),
-    Component("all_satisfied", "1 if every rule is satisfied (p_yes > rubric.threshold), else 0"),
-    Component("n_rules", "number of rules judged"),
-    Component("p_yes.{i}", "the judge's p_yes for rule i"),
-)
-_PARL = (
-    Component("s_target", "S(y_T; R): mean p_yes of the user's real text under the surviving rules"),
-    Component("s_baseline.{i}", "S(y_b; R) of baseline output i"),
-    Component("delta.{i}", "s_target - s_baseline.i"),
-    Component("gamma", "margin product: prod_b sigmoid(k * delta_b)"),
-    Component("cardinality", "C: min(1, |R|/2) or |R|/10 over the surviving rules"),
-    Component("n_parsed", "rules parsed from the policy output"),
-    Component("n_length_ok", "parsed rules within the length bounds"),
-    Component("n_valid", "rules that survived validation on the whole history"),
-    Component("floor_applied", "1 if the reward is a floor (invalid output or rule count out of bounds)"),
-)
-_NLI = (
-    Component("s_correct", "entailment score of Correct(response, answer)"),
-    Component("s_aligned", "entailment score of Aligned(response, preference)"),
-    Component("correct", "1 if s_correct > nli.threshold"),
-    Component("aligned", "1 if s_aligned > nli.threshold"),
-    Component("truncated", "1 if a pair did not fit the NLI model and was cut"),
-    Component("windowed", "1 if the premise was split into sentence windows"),
-    *(Component(f"regime.{r.value}", f"1 if the regime is {r.value}") for r in Regime),
-)
-_WEIGHTED = (
-    Component("part{i}.reward", "reward of part i (the penalty if its policy output was invalid)"),
-    Component("part{i}.weight", "weight of part i"),
-)
+class RubricScore:
+    """``rubric_score``'s components (:func:`reward_server.rubric.score_rubric`)."""
+
+    MEAN_P_YES = Component("mean_p_yes", "mean over the rules of the judge's p_yes (S in PARL)")
+    FRACTION_SATISFIED = Component(
+        "fraction_satisfied",
+        "share of rules with p_yes > rubric.threshold (>= with threshold_rule=ge)",
+    )
+    ALL_SATISFIED = Component(
+        "all_satisfied", "1 if every rule is satisfied (p_yes > rubric.threshold), else 0"
+    )
+    N_RULES = Component("n_rules", "number of rules judged")
+    P_YES = Component("p_yes.{i}", "the judge's p_yes for rule i")
+    ALL: ClassVar[tuple[Component, ...]] = (
+        MEAN_P_YES, FRACTION_SATISFIED, ALL_SATISFIED, N_RULES, P_YES,
+    )
+
+
+class ParlReward:
+    """``parl_reward``'s components (:func:`reward_server.rubric.parl_reward`)."""
+
+    S_TARGET = Component(
+        "s_target", "S(y_T; R): mean p_yes of the user's real text under the surviving rules"
+    )
+    S_BASELINE = Component("s_baseline.{i}", "S(y_b; R) of baseline output i")
+    DELTA = Component("delta.{i}", "s_target - s_baseline.i")
+    GAMMA = Component("gamma", "margin product: prod_b sigmoid(k * delta_b)")
+    CARDINALITY = Component("cardinality", "C: min(1, |R|/2) or |R|/10 over the surviving rules")
+    N_PARSED = Component("n_parsed", "rules parsed from the policy output")
+    N_LENGTH_OK = Component("n_length_ok", "parsed rules within the length bounds")
+    N_VALID = Component("n_valid", "rules that survived validation on the whole history")
+    FLOOR_APPLIED = Component(
+        "floor_applied",
+        "1 if the reward is a floor (invalid output or rule count out of bounds)",
+    )
+    ALL: ClassVar[tuple[Component, ...]] = (
+        S_TARGET, S_BASELINE, DELTA, GAMMA, CARDINALITY, N_PARSED, N_LENGTH_OK, N_VALID,
+        FLOOR_APPLIED,
+    )
+
+
+class NliConstraints:
+    """``nli_constraints``' components (:func:`reward_server.nli.nli_constraints_reward`)."""
+
+    S_CORRECT = Component("s_correct", "entailment score of Correct(response, answer)")
+    S_ALIGNED = Component("s_aligned", "entailment score of Aligned(response, preference)")
+    CORRECT = Component("correct", "1 if s_correct > nli.threshold")
+    ALIGNED = Component("aligned", "1 if s_aligned > nli.threshold")
+    TRUNCATED = Component("truncated", "1 if a pair did not fit the NLI model and was cut")
+    WINDOWED = Component("windowed", "1 if the premise was split into sentence windows")
+    REGIME: ClassVar[Mapping[Regime, Component]] = {
+        r: Component(f"regime.{r.value}", f"1 if the regime is {r.value}") for r in Regime
+    }
+    ALL: ClassVar[tuple[Component, ...]] = (
+        S_CORRECT, S_ALIGNED, CORRECT, ALIGNED, TRUNCATED, WINDOWED, *REGIME.values(),
+    )
+
+
+class Weighted:
+    """``weighted``'s own components; each part's components come under :func:`in_part`."""
+
+    PART_REWARD = Component(
+        "part{i}.reward", "reward of part i (the penalty if its policy output was invalid)"
+    )
+    PART_WEIGHT = Component("part{i}.weight", "weight of part i")
+    ALL: ClassVar[tuple[Component, ...]] = (PART_REWARD, PART_WEIGHT)
+
+
+def in_part(j: int, name: str) -> str:
+    """A part's own component ``name`` as the weighted item reports it (``part{j}.<name>``)."""
+    return f"part{j}.{name}"
+
 
 COMPONENTS: Mapping[RewardKind, tuple[Component, ...]] = {
-    RewardKind.RUBRIC_SCORE: _RUBRIC,
-    RewardKind.PARL_REWARD: _PARL,
-    RewardKind.NLI_CONSTRAINTS: _NLI,
-    RewardKind.WEIGHTED: _WEIGHTED,
+    RewardKind.RUBRIC_SCORE: RubricScore.ALL,
+    RewardKind.PARL_REWARD: ParlReward.ALL,
+    RewardKind.NLI_CONSTRAINTS: NliConstraints.ALL,
+    RewardKind.WEIGHTED: Weighted.ALL,
 }
 LEAF_KINDS = (RewardKind.RUBRIC_SCORE, RewardKind.PARL_REWARD, RewardKind.NLI_CONSTRAINTS)
 
@@ -82,8 +135,8 @@ def weighted_names(part_kinds: Sequence[RewardKind]) -> tuple[str, ...]:
     """The fixed components of a weighted item whose part ``j`` has kind ``part_kinds[j]``."""
     out: list[str] = []
     for j, kind in enumerate(part_kinds):
-        out += [f"part{j}.reward", f"part{j}.weight"]
-        out += [f"part{j}.{name}" for name in fixed_names(kind)]
+        out += [Weighted.PART_REWARD.at(j), Weighted.PART_WEIGHT.at(j)]
+        out += [in_part(j, name) for name in fixed_names(kind)]
     return tuple(out)
 
 

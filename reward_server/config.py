@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reward_server.backends.settings import EnginesSettings
 from reward_server.config_errors import format_errors, yaml_key_lines
-from reward_server.errors import ConfigError
+from reward_server.errors import ConfigError as ConfigError  # re-exported: the trainer's face
 from reward_server.nli.settings import NLISettings
 from reward_server.rpc.settings import ServerSettings
-from reward_server.rubric.settings import RubricSettings
+from reward_server.rubric.settings import RubricSettings as RubricSettings  # (also the trainer's)
 from reward_server.service import ServiceSettings
 from reward_server.serving.settings import ServingSettings
 

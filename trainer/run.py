@@ -143,7 +143,7 @@ def main_verl(args: argparse.Namespace, overrides: list[str]) -> int:
     from hydra.errors import ConfigCompositionException
 
     from reward_server.client import RewardCallError
-    from reward_server.errors import ConfigError
+    from reward_server.config import ConfigError
     from trainer import verl_runner
 
     overrides = verl_overrides(args, overrides)

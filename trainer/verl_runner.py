@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reward_server.errors import ConfigError
+from reward_server.config import ConfigError
 from trainer import verl_checks
 
 logger = logging.getLogger(__name__)

@@ -2,13 +2,14 @@
 
 A field that belongs to another kind is rejected (``extra="forbid"``), so
 ``engines.judge: {kind: transformers, base_url: ...}`` fails at load time instead of being
-ignored. Every engine also carries a ``batching`` block: how the hosting layer merges
-concurrent calls before they reach the engine (the same two knobs in-process and on Ray).
+ignored. Every engine but judge-as-NLI also carries a ``batching`` block: how the hosting layer
+merges concurrent calls before they reach the engine (the same knobs in-process and on Ray);
+judge-as-NLI refuses one, its pairs being judge prompts batched by ``engines.judge.batching``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -215,13 +216,24 @@ class TransformersNLISettings(_Engine):
     )
 
 
-class JudgeNLISettings(_Engine):
-    """Judge-as-NLI: the judge LLM answers 'does P entail H?' (weaker than a cross-encoder)."""
+class JudgeNLISettings(_Frozen):
+    """Judge-as-NLI: the judge LLM answers 'does P entail H?' (weaker than a cross-encoder).
+    It has no ``batching`` block: its pairs go to the judge as prompts, through the judge's."""
 
     kind: Literal["judge"] = "judge"
     max_length: int = Field(
         4096, ge=8, description="Words per pair the sentence-window policy may pack."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_batching(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "batching" in data:
+            raise ValueError(
+                "engines.nli.kind=judge has no batching block: its pairs are judge prompts and "
+                "are batched by engines.judge.batching; remove engines.nli.batching"
+            )
+        return data
 
 
 NLIEngineSettings = Annotated[

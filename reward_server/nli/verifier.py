@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reward_server.backends.base import NLIEngine
+from reward_server.components import NliConstraints
 from reward_server.domain import (
     ConstraintEvidence,
     NliConstraintsSpec,
@@ -72,17 +73,17 @@ def reward_of(function: NliRewardFunction, v: Verification, settings: NLISetting
 
 
 def components_of(v: Verification, settings: NLISettings, *, windowed: bool) -> dict[str, float]:
-    tau = settings.threshold
+    tau, c = settings.threshold, NliConstraints
     out = {
-        "s_correct": v.s_correct,
-        "s_aligned": v.s_aligned,
-        "correct": float(v.s_correct > tau),
-        "aligned": float(v.s_aligned > tau),
-        "truncated": float(v.truncated),
-        "windowed": float(windowed),
+        c.S_CORRECT.name: v.s_correct,
+        c.S_ALIGNED.name: v.s_aligned,
+        c.CORRECT.name: float(v.s_correct > tau),
+        c.ALIGNED.name: float(v.s_aligned > tau),
+        c.TRUNCATED.name: float(v.truncated),
+        c.WINDOWED.name: float(windowed),
     }
     for r in REGIME_ORDER:
-        out[f"regime.{r.value}"] = float(v.regime is r)
+        out[c.REGIME[r].name] = float(v.regime is r)
     return out
 
 

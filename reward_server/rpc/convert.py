@@ -1,5 +1,8 @@
 """Protobuf <-> domain conversion. Structural problems (no reward kind, unset enum) raise
-:class:`InvalidRequest` naming the item and field; semantic checks live in the service.
+:class:`InvalidRequest` naming the item and field; semantic checks (counts, texts, judgments)
+live in the service's validation, which :func:`score_items` runs item by item as it converts.
+A ScoreItem's ``oneof kind`` field is the value of its :class:`~reward_server.domain.RewardKind`;
+the conversions below ``match`` on it (mypy checks each is exhaustive).
 
 :func:`score_items` and :func:`score_response` convert a whole Score call item by item with
 :func:`reward_server.cooperative.turn` between items (the largest call allowed never holds the
@@ -9,8 +12,8 @@ event loop for long); the single-message functions are for everything else.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar, assert_never
 
 from reward_server import cooperative
 from reward_server import domain as d
@@ -83,62 +86,56 @@ def _history_out(items: Sequence[d.HistoryItem]) -> list[pb.HistoryItem]:
     return [pb.HistoryItem(context=h.context, text=h.text) for h in items]
 
 
-# ``count(n, limit_name, where)``: refuses a repeated field longer than a limit before it is
-# converted (see Validator.count); the checks that need the values come after conversion.
-Count = Callable[[int, str, str], None]
-
-
-def _no_count(n: int, name: str, where: str) -> None:
-    return None
-
-
-def _leaf_from_proto(
-    msg: pb.ScoreItem | pb.WeightedPart, kind: str | None, where: str, count: Count = _no_count
-) -> d.LeafSpec:
-    if kind == "rubric_score":
-        r = msg.rubric_score
-        count(len(r.rules), "max_rules_per_item", f"{where}.rubric_score.rules")
-        return d.RubricScoreSpec(
-            context=r.context,
-            text=r.text,
-            rules=tuple(r.rules),
-            task=task_from_proto(r.task, f"{where}.rubric_score"),
-            aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),
-        )
-    if kind == "parl_reward":
-        p = msg.parl_reward
-        if p.variant == pb.PARL_VARIANT_UNSPECIFIED:
-            raise InvalidRequest(
-                f"{where}.parl_reward.variant: must be set to PARL_VARIANT_0, _A or _B"
+def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, case: str | None, where: str) -> d.LeafSpec:
+    """The leaf spec in ``msg``'s ``oneof kind`` field ``case`` (a RewardKind's value)."""
+    kind = d.RewardKind(case) if case else None
+    match kind:
+        case d.RewardKind.RUBRIC_SCORE:
+            r = msg.rubric_score
+            return d.RubricScoreSpec(
+                context=r.context,
+                text=r.text,
+                rules=tuple(r.rules),
+                task=task_from_proto(r.task, f"{where}.rubric_score"),
+                aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),
             )
-        variant = _enum(_VARIANT, p.variant, f"{where}.parl_reward.variant", "ParlVariant")
-        count(len(p.history), "max_history_items", f"{where}.parl_reward.history")
-        count(len(p.baselines), "max_baselines", f"{where}.parl_reward.baselines")
-        return d.ParlRewardSpec(
-            history=history_from_proto(p.history),
-            policy_output=p.policy_output,
-            target=d.HistoryItem(context=p.target.context, text=p.target.text),
-            baselines=tuple(p.baselines),
-            variant=variant,
-            task=task_from_proto(p.task, f"{where}.parl_reward"),
-        )
-    if kind == "nli_constraints":
-        n = msg.nli_constraints
-        fn = _enum(_NLI_FN, n.reward_function, f"{where}.nli_constraints.reward_function", "NliRewardFunction")
-        return d.NliConstraintsSpec(
-            response=n.response, answer=n.answer, preference=n.preference, reward_function=fn
-        )
-    raise InvalidRequest(
-        f"{where}: no reward kind set; set one of rubric_score, parl_reward, nli_constraints"
-        + (", weighted" if isinstance(msg, pb.ScoreItem) else "")
-    )
+        case d.RewardKind.PARL_REWARD:
+            p = msg.parl_reward
+            if p.variant == pb.PARL_VARIANT_UNSPECIFIED:
+                raise InvalidRequest(
+                    f"{where}.parl_reward.variant: must be set to PARL_VARIANT_0, _A or _B"
+                )
+            variant = _enum(_VARIANT, p.variant, f"{where}.parl_reward.variant", "ParlVariant")
+            return d.ParlRewardSpec(
+                history=history_from_proto(p.history),
+                policy_output=p.policy_output,
+                target=d.HistoryItem(context=p.target.context, text=p.target.text),
+                baselines=tuple(p.baselines),
+                variant=variant,
+                task=task_from_proto(p.task, f"{where}.parl_reward"),
+            )
+        case d.RewardKind.NLI_CONSTRAINTS:
+            n = msg.nli_constraints
+            fn = _enum(_NLI_FN, n.reward_function, f"{where}.nli_constraints.reward_function", "NliRewardFunction")
+            return d.NliConstraintsSpec(
+                response=n.response, answer=n.answer, preference=n.preference, reward_function=fn
+            )
+        case d.RewardKind.WEIGHTED:  # pragma: no cover - a WeightedPart has no weighted field
+            raise InvalidRequest(f"{where}: combinations do not nest")
+        case None:
+            raise InvalidRequest(
+                f"{where}: no reward kind set; set one of rubric_score, parl_reward, nli_constraints"
+                + (", weighted" if isinstance(msg, pb.ScoreItem) else "")
+            )
+        case _:
+            assert_never(kind)
 
 
 # An item sent without an id is called "#<index>"; callers cannot use that form themselves.
 AUTO_ID = re.compile(r"#[0-9]+")
 
 
-def item_from_proto(msg: pb.ScoreItem, index: int, *, count: Count = _no_count) -> d.ScoreItem:
+def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
     where = f"items[{index}]" + (f" (id {quote(msg.id)})" if msg.id else "")
     if AUTO_ID.fullmatch(msg.id):
         raise InvalidRequest(
@@ -147,40 +144,44 @@ def item_from_proto(msg: pb.ScoreItem, index: int, *, count: Count = _no_count) 
         )
     kind = msg.WhichOneof("kind")
     spec: d.ItemSpec
-    if kind == "weighted":
-        count(len(msg.weighted.parts), "max_weighted_parts", f"{where}.weighted.parts")
+    if kind == d.RewardKind.WEIGHTED.value:
         parts = []
         for j, part in enumerate(msg.weighted.parts):
-            leaf = _leaf_from_proto(
-                part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]", count
-            )
+            leaf = _leaf_from_proto(part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]")
             parts.append(d.WeightedPart(weight=part.weight, spec=leaf))
         spec = d.WeightedSpec(parts=tuple(parts))
     else:
-        spec = _leaf_from_proto(msg, kind, where, count)
+        spec = _leaf_from_proto(msg, kind, where)
     return d.ScoreItem(item_id=msg.id or f"#{index}", spec=spec)
 
 
-async def score_items(
-    raw: bytes,
-    *,
-    max_item_bytes: int,
-    max_items: int | None = None,
-    check_count: Callable[[int], None],
-    check_item: Callable[[d.ScoreItem, int], None],
-    count: Count = _no_count,
-) -> list[d.ScoreItem]:
+class BatchCheck(Protocol):
+    """Validation of a Score batch as it is converted
+    (:class:`reward_server.service.validation.BatchCheck`)."""
+
+    max_items: int
+    max_item_bytes: int
+
+    def size(self, n: int) -> None:
+        """Refuse a batch of ``n`` items (``max_items + 1``: more than allowed)."""
+
+    def item(self, item: d.ScoreItem, index: int) -> None:
+        """Refuse item ``index``, converted."""
+
+
+async def score_items(raw: bytes, check: BatchCheck) -> list[d.ScoreItem]:
     """The items of an encoded ScoreRequest, parsed and converted one at a time.
-    ``check_count(n)`` sees the number of items before any is parsed (and ``n = max_items + 1``
-    as soon as the split meets one item more than ``max_items``: it must refuse it), ``count`` each repeated
-    field's length before it is converted, ``check_item(item, i)`` each item as soon as it is
-    converted (any may refuse, before the rest is parsed)."""
+    ``check.size(n)`` sees the number of items before any is parsed (and ``n = max_items + 1``
+    as soon as the split meets one item more than ``max_items``: it must refuse it),
+    ``check.item(item, i)`` each item as soon as it is converted (either may refuse, before
+    the rest is parsed)."""
+    max_item_bytes = check.max_item_bytes
     elements, rest = wire.split_repeated(  # stops at the first item past the cap
-        raw, 1, "reward.v1.ScoreRequest", max_elements=max_items, too_many=check_count
+        raw, 1, "reward.v1.ScoreRequest", max_elements=check.max_items, too_many=check.size
     )
     if rest:
         wire.parse(pb.ScoreRequest, rest)  # other (unknown) fields must still be well-formed
-    check_count(len(elements))
+    check.size(len(elements))
     items: list[d.ScoreItem] = []
     for i, element in enumerate(elements):
         await cooperative.turn(urgent=True)  # admission decides only after this: keep it quick
@@ -190,8 +191,8 @@ async def score_items(
                 f"{max_item_bytes}; send smaller items"
             )
         msg = wire.parse(pb.ScoreItem, element, f"reward.v1.ScoreItem at items[{i}]")
-        item = item_from_proto(msg, i, count=count)
-        check_item(item, i)
+        item = item_from_proto(msg, i)
+        check.item(item, i)
         items.append(item)
     return items
 
@@ -206,48 +207,53 @@ async def score_response(results: Sequence[d.ItemResult]) -> pb.ScoreResponse:
 
 
 def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> None:
-    if isinstance(spec, d.RubricScoreSpec):
-        msg.rubric_score.CopyFrom(
-            pb.RubricScore(
-                context=spec.context,
-                text=spec.text,
-                rules=list(spec.rules),
-                task=task_to_proto(spec.task),
-                aggregate=_AGGREGATE_OUT[spec.aggregate],
+    match spec:
+        case d.RubricScoreSpec():
+            msg.rubric_score.CopyFrom(
+                pb.RubricScore(
+                    context=spec.context,
+                    text=spec.text,
+                    rules=list(spec.rules),
+                    task=task_to_proto(spec.task),
+                    aggregate=_AGGREGATE_OUT[spec.aggregate],
+                )
             )
-        )
-    elif isinstance(spec, d.ParlRewardSpec):
-        msg.parl_reward.CopyFrom(
-            pb.ParlReward(
-                history=_history_out(spec.history),
-                policy_output=spec.policy_output,
-                target=pb.HistoryItem(context=spec.target.context, text=spec.target.text),
-                baselines=list(spec.baselines),
-                variant=_VARIANT_OUT[spec.variant],
-                task=task_to_proto(spec.task),
+        case d.ParlRewardSpec():
+            msg.parl_reward.CopyFrom(
+                pb.ParlReward(
+                    history=_history_out(spec.history),
+                    policy_output=spec.policy_output,
+                    target=pb.HistoryItem(context=spec.target.context, text=spec.target.text),
+                    baselines=list(spec.baselines),
+                    variant=_VARIANT_OUT[spec.variant],
+                    task=task_to_proto(spec.task),
+                )
             )
-        )
-    else:
-        msg.nli_constraints.CopyFrom(
-            pb.NliConstraints(
-                response=spec.response,
-                answer=spec.answer,
-                preference=spec.preference,
-                reward_function=_NLI_FN_OUT[spec.reward_function],
+        case d.NliConstraintsSpec():
+            msg.nli_constraints.CopyFrom(
+                pb.NliConstraints(
+                    response=spec.response,
+                    answer=spec.answer,
+                    preference=spec.preference,
+                    reward_function=_NLI_FN_OUT[spec.reward_function],
+                )
             )
-        )
+        case _:
+            assert_never(spec)
 
 
 def item_to_proto(item: d.ScoreItem) -> pb.ScoreItem:
     msg = pb.ScoreItem(id=item.item_id)
-    if isinstance(item.spec, d.WeightedSpec):
-        for part in item.spec.parts:
-            p = msg.weighted.parts.add(weight=part.weight)
-            _leaf_to_proto(part.spec, p)
-        if not item.spec.parts:
-            msg.weighted.SetInParent()
-    else:
-        _leaf_to_proto(item.spec, msg)
+    match item.spec:
+        case d.WeightedSpec(parts=parts):
+            for part in parts:
+                _leaf_to_proto(part.spec, msg.weighted.parts.add(weight=part.weight))
+            if not parts:
+                msg.weighted.SetInParent()
+        case d.RubricScoreSpec() | d.ParlRewardSpec() | d.NliConstraintsSpec() as leaf:
+            _leaf_to_proto(leaf, msg)
+        case _:
+            assert_never(item.spec)
     return msg
 
 

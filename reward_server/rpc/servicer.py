@@ -11,7 +11,7 @@ interceptor) instead of after its body, so that a call is:
 2. given ``server.receive_timeout_s`` for its one request message (half-open calls end);
 3. parsed here (:mod:`reward_server.rpc.wire`): a malformed body is INVALID_ARGUMENT, a large
    Score request is parsed and converted item by item;
-4. admitted by size, then by judgments (:mod:`reward_server.admission`), then run under the
+4. admitted by size, then by judgments (:mod:`reward_server.service.admission`), then run under the
    client's deadline (or ``server.default_timeout_s``); every exception goes through the one
    status table (:mod:`reward_server.rpc.status`).
 
@@ -36,14 +36,13 @@ from google.protobuf.message import Message
 from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.admission import Ticket
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
 from reward_server.rpc.memory import Trimmer
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import message_for, status_for, trailers_for
 from reward_server.rpc.unsent import UnsentResponses
-from reward_server.service import RewardService
+from reward_server.service import RewardService, Ticket
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,12 +92,9 @@ class RewardServicer:
         )
         self.trimmer = Trimmer()
         self._info_reply: pb.InfoResponse | None = None
-        lim = service.settings.limits
-        text = lim.max_text_bytes + _FIELD_OVERHEAD
         self._max_bytes = {  # no valid request of the method is larger
             "Score": settings.max_message_bytes,
-            "InduceRubrics": lim.max_history_items * (2 * text + _FIELD_OVERHEAD) + 64,
-            "Verify": 3 * text + 16,
+            **service.largest_request_bytes(_FIELD_OVERHEAD),  # InduceRubrics, Verify
             "Info": 1024,
         }
         self._work: dict[str, tuple[Work, bool]] = {  # method -> (its work, admitted?)
@@ -293,23 +289,12 @@ class RewardServicer:
 
     # -------------------------------------------------------------- the work
     async def _score(self, raw: bytes, ticket: Ticket, current: Any) -> pb.ScoreResponse:
-        validator = self._service.validator
-        seen: dict[str, int] = {}
-        judgments = 0
-
-        def check(item: d.ScoreItem, index: int) -> None:  # refuse at the first bad item
-            nonlocal judgments
-            judgments += validator.item(item, index, seen)
-
-        items = await convert.score_items(
-            raw, max_item_bytes=validator.limits.max_item_bytes,
-            max_items=validator.limits.max_batch_items,
-            check_count=validator.batch_size, check_item=check, count=validator.count,
-        )
-        judgments = validator.total(judgments, "items")
+        check = self._service.batch_check()  # refuses at the first bad item
+        items = await convert.score_items(raw, check)
+        batch = check.done(items)
         tracing.set_attribute(current, "items", len(items))
         try:
-            results = await self._service.score(items, ticket=ticket, judgments=judgments)
+            results = await self._service.score(batch, ticket=ticket)
         except Exception:
             for kind, n in collections.Counter(d.kind_of(i.spec).value for i in items).items():
                 metrics.observe_failed_items(kind, n)

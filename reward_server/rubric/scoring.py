@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 
 from reward_server.backends.base import JudgeEngine, JudgePrompt
+from reward_server.components import ParlReward, RubricScore
 from reward_server.domain import (
     HistoryItem,
     ParlRewardSpec,
@@ -55,13 +56,14 @@ async def score_rubric(
         RubricAggregate.FRACTION_SATISFIED: frac,
         RubricAggregate.ALL_SATISFIED: all_ok,
     }[aggregate]
+    c = RubricScore
     components: dict[str, float] = {
-        "mean_p_yes": mean_p,
-        "fraction_satisfied": frac,
-        "all_satisfied": all_ok,
-        "n_rules": float(len(p)),
+        c.MEAN_P_YES.name: mean_p,
+        c.FRACTION_SATISFIED.name: frac,
+        c.ALL_SATISFIED.name: all_ok,
+        c.N_RULES.name: float(len(p)),
     }
-    components.update({f"p_yes.{i}": x for i, x in enumerate(p)})
+    components.update({c.P_YES.at(i): x for i, x in enumerate(p)})
     return RewardOutcome(reward=reward, components=components)
 
 
@@ -108,20 +110,21 @@ async def parl_reward(
     """PARL-0/A/B reward of one rubric-generator rollout (PARL §3: parse, validate on the
     history, score target and baselines). An unparsable output is policy-invalid (the service
     applies the configured penalty)."""
+    c = ParlReward
     parsed = parse_rubric_output(spec.policy_output, settings, mode="training")
-    counts = {"n_parsed": float(parsed.n_parsed), "n_length_ok": float(parsed.n_length_ok)}
+    counts = {c.N_PARSED.name: float(parsed.n_parsed), c.N_LENGTH_OK.name: float(parsed.n_length_ok)}
     if parsed.invalid_reason is not None:
         return RewardOutcome(
             reward=None,
-            components={**counts, "n_valid": 0.0, "floor_applied": 1.0},
+            components={**counts, c.N_VALID.name: 0.0, c.FLOOR_APPLIED.name: 1.0},
             policy_invalid=parsed.invalid_reason,
         )
     history = spec.history[-settings.history_limit :]
     (valid,) = await validate_rule_sets(judge, [parsed.rules], history, spec.task, settings)
-    counts["n_valid"] = float(len(valid))
+    counts[c.N_VALID.name] = float(len(valid))
     if not settings.min_rules <= len(valid) <= settings.max_rules:
         return RewardOutcome(
-            reward=settings.format_floor, components={**counts, "floor_applied": 1.0}
+            reward=settings.format_floor, components={**counts, c.FLOOR_APPLIED.name: 1.0}
         )
     texts = [spec.target.text, *spec.baselines]
     prompts = [
@@ -145,12 +148,12 @@ async def parl_reward(
         gamma=gamma,
     )
     components: dict[str, float] = {
-        "s_target": s_target,
-        **{f"s_baseline.{i}": b for i, b in enumerate(s_base)},
-        **{f"delta.{i}": d for i, d in enumerate(deltas)},
-        "gamma": gamma,
-        "cardinality": card,
+        c.S_TARGET.name: s_target,
+        **{c.S_BASELINE.at(i): b for i, b in enumerate(s_base)},
+        **{c.DELTA.at(i): d for i, d in enumerate(deltas)},
+        c.GAMMA.name: gamma,
+        c.CARDINALITY.name: card,
         **counts,
-        "floor_applied": 0.0,
+        c.FLOOR_APPLIED.name: 0.0,
     }
     return RewardOutcome(reward=reward, components=components)

@@ -1,12 +1,14 @@
 """What the hosting API hands out: :class:`Engines` (the two engines, their health, their
 shutdown), the engine factory types, and the stand-in for an engine a config does not name.
-:func:`reward_server.serving.start_engines` builds them."""
+:func:`reward_server.serving.start_engines` builds them from the :class:`RawEngines` a host
+(in-process or Ray) returns."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from reward_server.backends.base import (
@@ -26,6 +28,21 @@ logger = logging.getLogger(__name__)
 JudgeFactory = Callable[[JudgeSettings], JudgeEngine]
 NLIFactory = Callable[[NLIEngineSettings], NLIEngine]
 EngineName = Literal["judge", "nli"]
+
+
+@dataclass(frozen=True)
+class RawEngines:
+    """What a host returns: each engine as it runs, before the one batching stage
+    :func:`~reward_server.serving.start_engines` puts in front of it.
+
+    ``judge`` / ``nli``: None where the config names none (``nli`` also for judge-as-NLI, which
+    is built on the batched judge). ``judge_in_flight`` / ``nli_in_flight``: the host's default
+    for ``batching.max_in_flight`` (None: no limit)."""
+
+    judge: JudgeEngine | None
+    nli: NLIEngine | None
+    judge_in_flight: int | None = None
+    nli_in_flight: int | None = None
 
 
 class Engines:

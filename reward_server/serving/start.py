@@ -5,14 +5,15 @@
     ...
     await engines.close()
 
-Either way the judge and the NLI engine come back behind one
-:class:`~reward_server.serving.batching.Batcher` each (the engine's ``batching`` block), so
-the service never sees how they are hosted:
+A host hands back the engines as they run (:class:`~reward_server.serving.engines.RawEngines`),
+and this module puts each behind one :class:`~reward_server.serving.batching.Batcher` (the
+engine's ``batching`` block), once, the same way in every mode, so the service never sees how
+they are hosted:
 
 - ``serving.mode: inprocess`` builds the engines here (:mod:`reward_server.backends.factory`);
 - ``serving.mode: ray`` starts or joins Ray, deploys (or attaches to) one Serve application per
-  engine and wraps their handles (:mod:`reward_server.serving._private.runtime`; Ray is
-  imported only then). It blocks while models load: call it before serving.
+  engine and hands back adapters over their handles (:mod:`reward_server.serving._private.runtime`;
+  Ray is imported only then). It blocks while models load: call it before serving.
 
 ``judge_factory`` / ``nli_factory`` replace the engine factory (in-process: called here; Ray:
 pickled to each replica), for tests and benchmarks that need a particular engine.
@@ -32,6 +33,7 @@ from reward_server.serving.engines import (
     Engines,
     JudgeFactory,
     NLIFactory,
+    RawEngines,
     Unconfigured,
     missing_engines,
 )
@@ -65,21 +67,40 @@ def start_engines(
     if serving.mode == "ray":
         if engines.judge is None or engines.nli is None:
             raise ConfigError("serving.mode=ray deploys both engines: set engines.judge and engines.nli")
-        from reward_server.serving._private.runtime import start_ray_engines
+        from reward_server.serving._private.runtime import RayEngines, start_ray_host
 
-        return start_ray_engines(
-            engines, serving.ray, judge_factory=judge_factory, nli_factory=nli_factory
-        )
-    from reward_server.backends.factory import build_judge, build_nli
-
-    judge: JudgeEngine = Unconfigured("judge")
-    if engines.judge is not None:
-        judge = BatchedJudge((judge_factory or build_judge)(engines.judge), engines.judge.batching)
-    nli: NLIEngine = Unconfigured("nli")
-    if isinstance(engines.nli, JudgeNLISettings):  # asks the (batched) judge
-        nli = build_nli(engines.nli, judge=judge)
-    elif engines.nli is not None:
-        nli = BatchedNLI((nli_factory or build_nli)(engines.nli), engines.nli.batching)
+        host = start_ray_host(engines, serving.ray, judge_factory=judge_factory, nli_factory=nli_factory)
+        judge, nli = _batched(engines, host.raw)
+        return RayEngines(judge=judge, nli=nli, host=host)
+    judge, nli = _batched(engines, _in_process(engines, judge_factory, nli_factory))
     logger.info("engines in process: judge %s, nli %s", judge.model_id, nli.model_id)
     return Engines(judge=judge, nli=nli)
 
+
+def _in_process(
+    engines: EnginesSettings, judge_factory: JudgeFactory | None, nli_factory: NLIFactory | None
+) -> RawEngines:
+    """The in-process host: the engines ``engines`` names, built here."""
+    from reward_server.backends.factory import build_judge, build_nli
+
+    judge = (judge_factory or build_judge)(engines.judge) if engines.judge is not None else None
+    nli = None
+    if engines.nli is not None and not isinstance(engines.nli, JudgeNLISettings):
+        nli = (nli_factory or build_nli)(engines.nli)
+    return RawEngines(judge=judge, nli=nli)
+
+
+def _batched(engines: EnginesSettings, raw: RawEngines) -> tuple[JudgeEngine, NLIEngine]:
+    """Each engine a host returned behind its ``batching`` block (the one batching stage, the
+    same in every mode); judge-as-NLI on the batched judge; Unconfigured for the rest."""
+    from reward_server.backends.factory import build_nli
+
+    judge: JudgeEngine = Unconfigured("judge")
+    if raw.judge is not None and engines.judge is not None:
+        judge = BatchedJudge(raw.judge, engines.judge.batching, max_in_flight=raw.judge_in_flight)
+    nli: NLIEngine = Unconfigured("nli")
+    if isinstance(engines.nli, JudgeNLISettings):  # asks the (batched) judge
+        nli = build_nli(engines.nli, judge=judge)
+    elif raw.nli is not None and engines.nli is not None:
+        nli = BatchedNLI(raw.nli, engines.nli.batching, max_in_flight=raw.nli_in_flight)
+    return judge, nli

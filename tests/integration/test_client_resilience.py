@@ -108,7 +108,7 @@ async def test_a_call_grpc_leaves_hanging_is_cancelled_after_its_deadline(monkey
     """grpc/grpc#41036: gRPC core can leave a retried call pending past its deadline. The
     client bounds every call anyway: a stub method that never returns (what such a call looks
     like from Python) ends as DEADLINE_EXCEEDED shortly after the budget."""
-    from reward_server import client as client_mod
+    from reward_server.client import client as client_mod
 
     monkeypatch.setattr(client_mod, "STUCK_GRACE_S", 0.2)
 

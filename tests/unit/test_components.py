@@ -62,7 +62,7 @@ async def test_science_reports_exactly_the_declared_components() -> None:
 async def test_weighted_items_follow_the_part_rule() -> None:
     service = RewardService(judge=FakeJudge(), nli=FakeNLI())
     spec = WeightedSpec((WeightedPart(1.0, RUBRIC), WeightedPart(2.0, NLI)))
-    (result,) = await service.score([ScoreItem("w", spec)])
+    (result,) = await service.score(await service.validate([ScoreItem("w", spec)]))
     check(RewardKind.WEIGHTED, set(result.components), full=False)
     assert set(c.weighted_names([kind_of(RUBRIC), kind_of(NLI)])) <= set(result.components)
 

@@ -95,7 +95,10 @@ def test_engines_are_a_union_on_kind_that_rejects_misplaced_fields() -> None:
     c = load_config(overrides=["engines.judge={kind: openai, base_url: 'http://h:8000/v1', model: m}",
                                "engines.nli.kind=judge"], env={})
     assert c.engines.judge is not None and c.engines.judge.kind == "openai"
-    assert c.engines.nli is not None and c.engines.nli.batching.max_items == 256
+    assert c.engines.nli is not None and c.engines.nli.kind == "judge"
+    with pytest.raises(ConfigError, match=r"kind=judge has no batching block.*engines\.judge\.batching"):
+        load_config(overrides=["engines.judge.kind=fake", "engines.nli={kind: judge, batching: {max_items: 8}}"],
+                    env={})
     with pytest.raises(ConfigError, match="base_url"):  # an openai field on a transformers judge
         load_config(overrides=["engines.judge={kind: transformers, model: m, base_url: x}"], env={})
     with pytest.raises(ConfigError, match=r"engines\.judge must be set"):

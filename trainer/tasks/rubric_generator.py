@@ -8,8 +8,8 @@ validation), the target and the baselines travel in its template (``extra_info``
 
 from __future__ import annotations
 
+from reward_server.config import RubricSettings
 from reward_server.domain import ParlRewardSpec, ParlVariant
-from reward_server.rubric.settings import RubricSettings
 from reward_server.rubric.templates import generator_request
 from trainer.data.records import DataFormatError, UserRecord
 

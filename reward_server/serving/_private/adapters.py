@@ -36,6 +36,7 @@ from ray.serve.handle import DeploymentHandle
 
 from reward_server import metrics
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt, NLIPair, NLIScore
+from reward_server.backends.settings import BatchingSettings
 from reward_server.errors import (
     BackendUnavailable,
     EngineError,
@@ -48,9 +49,7 @@ from reward_server.serving.batching import Batcher
 logger = logging.getLogger(__name__)
 
 _REPLICA_GONE = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
-_TOKEN_CACHE = 65_536
-_TOKEN_BATCH = 4096  # texts per coalesced token_counts call
-_TOKEN_WAIT_S = 0.002  # as engines.<kind>.batching.wait_ms's default
+_TOKEN_CACHE = 65_536  # token counts kept (LRU) per ingress
 _HEALTH_TTL_S = 1.0
 
 
@@ -132,7 +131,7 @@ class HandleCaller:
                 metrics.observe_engine_call(self._deployment, method, "overloaded", 0.0)
                 raise Overloaded(
                     f"the {self._deployment} deployment's queue is full ({e}); retry with "
-                    f"backoff, or raise serving.{self._deployment}.max_replicas / "
+                    f"backoff, or raise serving.ray.{self._deployment}.max_replicas / "
                     "max_queued_requests"
                 ) from None
             except _REPLICA_GONE as e:
@@ -160,7 +159,7 @@ class HandleCaller:
                 metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
                 raise BackendUnavailable(
                     f"the {self._deployment} deployment did not answer {len(piece)} items "
-                    f"within serving.call_timeout_s={self._timeout_s}s"
+                    f"within serving.ray.call_timeout_s={self._timeout_s}s"
                 ) from None
             except RayTaskError as e:
                 metrics.observe_engine_call(self._deployment, method, "error", 0.0)
@@ -219,7 +218,7 @@ class RayJudge:
         return await self._caller.health.check()
 
     async def close(self) -> None:
-        """Nothing to free here; the deployment's lifetime belongs to RayEngines.shutdown."""
+        """Nothing to free here; the deployment's lifetime belongs to RayHost.shutdown."""
         return None
 
 
@@ -228,19 +227,21 @@ class RayNLI:
 
     ``token_counts`` asks a replica (the tokenizer lives there) and caches each text's count
     (bounded LRU), so repeated texts cost nothing. The texts missing from the cache go through
-    a :class:`Batcher` of their own: concurrent 1-item Score calls (verl's pattern) would
-    otherwise make one Ray call each before their entailment batch.
+    a :class:`Batcher` configured by the same ``engines.nli.batching`` block as the entailment
+    calls (``max_items`` texts per call, ``wait_ms``): concurrent 1-item Score calls (verl's
+    pattern) would otherwise make one Ray call each before their entailment batch.
     """
 
     def __init__(
-        self, caller: HandleCaller, *, model_id: str, max_length: int, count_wait_s: float = _TOKEN_WAIT_S
+        self, caller: HandleCaller, *, model_id: str, max_length: int, batching: BatchingSettings
     ) -> None:
         self._caller = caller
         self._model_id = model_id
         self._max_length = max_length
         self._counts: OrderedDict[str, int] = OrderedDict()
         self._count_batcher: Batcher[str, int] = Batcher(
-            self._fetch_counts, max_items=_TOKEN_BATCH, wait_s=count_wait_s, name="nli_token_counts"
+            self._fetch_counts, max_items=batching.max_items, wait_s=batching.wait_ms / 1000,
+            name="nli_token_counts",
         )
 
     async def _fetch_counts(self, texts: Sequence[str]) -> list[int]:

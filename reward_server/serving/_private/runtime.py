@@ -1,4 +1,5 @@
-"""Start (or join) Ray, deploy or attach to the engine applications, hand back adapters.
+"""Start (or join) Ray, deploy or attach to the engine applications, hand back adapters
+(:class:`RayHost`; :func:`~reward_server.serving.start_engines` puts the batchers in front).
 
 The ingress side of a call: :class:`~reward_server.serving.batching.Batcher` (the engine's
 ``batching`` window, pieces of at most ``max_items``) -> one handle call per piece -> the
@@ -27,8 +28,7 @@ from reward_server.errors import ConfigError
 from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayNLI, replica_counts
 from reward_server.serving._private.deployments import JudgeDeployment, NLIDeployment
 from reward_server.serving._private.watch import AppWatch, wait_apps_running
-from reward_server.serving.batching import BatchedJudge, BatchedNLI
-from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory
+from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory, RawEngines
 from reward_server.serving.ray_cluster import SINGLE_NODE_ENV, check_cluster, is_loopback
 from reward_server.serving.settings import RaySettings
 
@@ -89,16 +89,14 @@ def _delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
     logger.warning("Serve applications %s not deleted after %.0fs", names, timeout_s)
 
 
-class RayEngines(Engines):
-    """The engines as Ray Serve deployments, seen through JudgeEngine / NLIEngine adapters."""
-
-    mode = "ray"
+class RayHost:
+    """The Serve applications this process deployed or attached to, the raw adapters over
+    their handles (:attr:`raw`, for :func:`~reward_server.serving.start_engines` to batch),
+    and their shutdown."""
 
     def __init__(
         self,
         *,
-        judge: JudgeEngine,
-        nli: NLIEngine,
         ray_judge: RayJudge,
         ray_nli: RayNLI | None,
         settings: RaySettings,
@@ -106,33 +104,75 @@ class RayEngines(Engines):
         owns_ray: bool,
         connected_ray: bool,
     ) -> None:
-        super().__init__(judge=judge, nli=nli)
-        self._ray_judge = ray_judge
-        self._ray_nli = ray_nli
+        self.ray_judge = ray_judge
+        self.ray_nli = ray_nli
         self._settings = settings
         self._deployed = deployed
         self._owns_ray = owns_ray
         self._connected_ray = connected_ray
+        self._closed = False
+
+    @property
+    def raw(self) -> RawEngines:
+        """The adapters, with one batch in flight per replica as the batchers' default."""
+        return RawEngines(
+            judge=self.ray_judge, nli=self.ray_nli,
+            judge_in_flight=self._settings.judge.max_replicas,
+            nli_in_flight=self._settings.nli.max_replicas,
+        )
+
+    def handle(self, kind: Kind) -> DeploymentHandle[Any]:
+        if kind == "judge":
+            return self.ray_judge.handle
+        if self.ray_nli is None:
+            raise ConfigError("engines.nli.kind=judge: there is no NLI deployment")
+        return self.ray_nli.handle
+
+    def app_name(self, kind: Kind) -> str:
+        return self._settings.app_name(kind)
+
+    def shutdown(self) -> None:
+        """Delete the applications this process deployed (unless
+        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            attached = [] if self._settings.deploy else [
+                self.app_name("judge"), *([self.app_name("nli")] if self.ray_nli else [])]
+            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
+            if self._owns_ray:
+                _blocking(serve.shutdown)
+        finally:
+            if self._owns_ray or self._connected_ray:
+                ray.shutdown()
+
+
+class RayEngines(Engines):
+    """The engines as Ray Serve deployments: the batched adapters the service calls, and the
+    deployments behind them (:class:`RayHost`)."""
+
+    mode = "ray"
+
+    def __init__(self, *, judge: JudgeEngine, nli: NLIEngine, host: RayHost) -> None:
+        super().__init__(judge=judge, nli=nli)
+        self.host = host
 
     @property
     def ray_judge(self) -> RayJudge:
         """The judge adapter itself, without this process's batcher in front."""
-        return self._ray_judge
+        return self.host.ray_judge
 
     @property
     def ray_nli(self) -> RayNLI | None:
         """The NLI adapter itself (None with engines.nli.kind=judge), without the batcher."""
-        return self._ray_nli
+        return self.host.ray_nli
 
     def handle(self, kind: Kind) -> DeploymentHandle[Any]:
-        if kind == "judge":
-            return self._ray_judge.handle
-        if self._ray_nli is None:
-            raise ConfigError("engines.nli.kind=judge: there is no NLI deployment")
-        return self._ray_nli.handle
+        return self.host.handle(kind)
 
     def app_name(self, kind: Kind) -> str:
-        return self._settings.app_name(kind)
+        return self.host.app_name(kind)
 
     def replica_counts(self, kind: Kind) -> dict[str, int]:
         """Replicas of the deployment by state (RUNNING, STARTING, STOPPING, ...)."""
@@ -163,20 +203,9 @@ class RayEngines(Engines):
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Delete the applications this process deployed (unless
-        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
-        if self._closed:
-            return
+        """Stop the engines' hosting (see :meth:`RayHost.shutdown`)."""
         self._closed = True
-        try:
-            attached = [] if self._settings.deploy else [
-                self.app_name("judge"), *([self.app_name("nli")] if self._ray_nli else [])]
-            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
-            if self._owns_ray:
-                _blocking(serve.shutdown)
-        finally:
-            if self._owns_ray or self._connected_ray:
-                ray.shutdown()
+        self.host.shutdown()
 
 
 def _leave_apps(
@@ -285,14 +314,15 @@ def _info(handle: DeploymentHandle[Any], timeout_s: float) -> dict[str, Any]:
     return out
 
 
-def start_ray_engines(
+def start_ray_host(
     engines: EnginesSettings,
     settings: RaySettings,
     *,
     judge_factory: JudgeFactory | None = None,
     nli_factory: NLIFactory | None = None,
-) -> RayEngines:
-    """See :func:`reward_server.serving.start_engines` (``serving.mode: ray``)."""
+) -> RayHost:
+    """See :func:`reward_server.serving.start_engines` (``serving.mode: ray``): the deployed
+    (or attached) applications and the raw adapters over their handles."""
     assert engines.judge is not None and engines.nli is not None  # checked by start_engines
     owns_ray, connected = _ensure_ray(settings)
     deployed: list[str] = []
@@ -314,24 +344,16 @@ def start_ray_engines(
             _caller(handle, "judge", settings),
             model_id=str(_info(handle, settings.ready_timeout_s)["model_id"]),
         )
-        judge: JudgeEngine = BatchedJudge(
-            ray_judge, engines.judge.batching, max_in_flight=settings.judge.max_replicas
-        )
-        nli: NLIEngine
         ray_nli: RayNLI | None = None
-        if isinstance(engines.nli, JudgeNLISettings):  # judge-as-NLI over the judge deployment
-            from reward_server.backends.factory import build_nli
-
-            nli = build_nli(engines.nli, judge=judge)
-        else:
+        if not isinstance(engines.nli, JudgeNLISettings):  # judge-as-NLI: over the judge's
             handle = handles[nli_name]
             info = _info(handle, settings.ready_timeout_s)
             ray_nli = RayNLI(
                 _caller(handle, "nli", settings),
                 model_id=str(info["model_id"]),
                 max_length=int(info["max_length"]),
+                batching=engines.nli.batching,
             )
-            nli = BatchedNLI(ray_nli, engines.nli.batching, max_in_flight=settings.nli.max_replicas)
     except BaseException:
         if owns_ray:  # Ray goes with this process: its applications with it, no waiting
             # for Serve's graceful shutdown of replicas that failed to start (seconds)
@@ -341,9 +363,7 @@ def start_ray_engines(
         else:
             _leave_apps(deployed, [], settings, owns_ray=False)
         raise
-    return RayEngines(
-        judge=judge,
-        nli=nli,
+    return RayHost(
         ray_judge=ray_judge,
         ray_nli=ray_nli,
         settings=settings,

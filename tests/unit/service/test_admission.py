@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from reward_server.admission import Admission, AdmissionSettings
 from reward_server.errors import Overloaded
-from reward_server.service import admission_for
+from reward_server.service import Admission, AdmissionSettings, admission_for
 
 
 def test_work_that_fits_is_admitted_and_the_rest_refused_with_a_hint() -> None:

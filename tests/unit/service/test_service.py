@@ -8,6 +8,7 @@ import pytest
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.domain import (
     HistoryItem,
+    ItemResult,
     ItemStatus,
     NliConstraintsSpec,
     ParlRewardSpec,
@@ -24,6 +25,11 @@ RULE = 'The text uses the word "alpha".'
 NLI = NliConstraintsSpec("Paris is big.", "Paris", "big")
 
 
+async def score(s: RewardService, items: list[ScoreItem]) -> list[ItemResult]:
+    """Validate, then score: what every transport does."""
+    return await s.score(await s.validate(items))
+
+
 def service(**kw: object) -> RewardService:
     return RewardService(judge=FakeJudge(), nli=FakeNLI(), settings=ServiceSettings(**kw))  # type: ignore[arg-type]
 
@@ -37,7 +43,7 @@ async def test_one_penalty_for_every_kind_of_malformed_policy_output() -> None:
         ScoreItem("nli", NliConstraintsSpec("", "Paris", "museums")),
         ScoreItem("good", RubricScoreSpec("c", "alpha", (RULE,))),
     ]
-    by = {r.item_id: r for r in await s.score(items)}
+    by = {r.item_id: r for r in await score(s, items)}
     for key in ("parl", "rubric", "nli"):
         assert by[key].status is ItemStatus.POLICY_INVALID and by[key].reward == -0.5, key
         assert by[key].message
@@ -49,13 +55,13 @@ async def test_limits_come_from_the_service_settings() -> None:
     s = RewardService(judge=FakeJudge(), nli=FakeNLI(),
                       settings=ServiceSettings(limits=Limits(max_batch_items=2, max_text_bytes=10)))
     with pytest.raises(InvalidRequest, match=r"service\.limits\.max_batch_items=2"):
-        await s.score([ScoreItem(str(i), RubricScoreSpec("c", "alpha", (RULE,))) for i in range(3)])
+        await score(s, [ScoreItem(str(i), RubricScoreSpec("c", "alpha", (RULE,))) for i in range(3)])
     with pytest.raises(InvalidRequest, match=r"rules\[0\]: 11 bytes exceed service\.limits\.max_text_bytes=10"):
-        await s.score([ScoreItem("a", RubricScoreSpec("c", "alpha", ("x" * 11,)))])
+        await score(s, [ScoreItem("a", RubricScoreSpec("c", "alpha", ("x" * 11,)))])
     # bytes, not characters: 4 characters of 3 bytes each
     with pytest.raises(InvalidRequest, match=r"12 bytes exceed"):
-        await s.score([ScoreItem("a", RubricScoreSpec("c", "alpha", ("\u20ac" * 4,)))])
-    assert (await s.score([ScoreItem("a", RubricScoreSpec("c", "alpha", ("\u20ac" * 3,)))]))[0]
+        await score(s, [ScoreItem("a", RubricScoreSpec("c", "alpha", ("\u20ac" * 4,)))])
+    assert (await score(s, [ScoreItem("a", RubricScoreSpec("c", "alpha", ("\u20ac" * 3,)))]))[0]
 
 
 H = (HistoryItem("c", "alpha"),)
@@ -81,22 +87,22 @@ async def test_each_cap_is_refused_naming_the_field_and_the_limit(cap: str) -> N
     limit, item, needle = CAPS[cap]
     s = service(limits=Limits(**{cap: limit}))
     with pytest.raises(InvalidRequest, match=needle):
-        await s.score([item])
-    assert len(await service().score([item])) == 1  # the default allows it
+        await score(s, [item])
+    assert len(await score(service(), [item])) == 1  # the default allows it
 
 
 async def test_messages_quote_a_bounded_excerpt_of_a_long_id() -> None:
     long_id = "x" * 100_000
     with pytest.raises(InvalidRequest) as e:
-        await service(limits=Limits(max_id_bytes=200_000)).score(
-            [ScoreItem(long_id, NLI), ScoreItem(long_id, NLI)])
+        await score(service(limits=Limits(max_id_bytes=200_000)),
+                    [ScoreItem(long_id, NLI), ScoreItem(long_id, NLI)])
     assert "duplicate id" in str(e.value) and len(str(e.value)) < 300
 
 
 @pytest.mark.parametrize("weights", [(1e308, 1e308, 1e308), (1e308, 5e-324), (5e-324,), (0.0, 1e-300)])
 async def test_extreme_finite_weights_give_a_finite_weighted_reward(weights: tuple[float, ...]) -> None:
     item = ScoreItem("w", WeightedSpec(tuple(WeightedPart(w, NLI) for w in weights)))
-    [r, alone] = await service().score([item, ScoreItem("alone", NLI)])
+    [r, alone] = await score(service(), [item, ScoreItem("alone", NLI)])
     assert r.status is ItemStatus.OK and r.reward == pytest.approx(alone.reward)  # parts alike
 
 
@@ -117,3 +123,23 @@ def test_info_reports_settings_components_and_fakes() -> None:
     assert int(info.settings["service.admission.max_judgments_in_flight"]) > 0
     assert {"rubric_score", "parl_reward", "nli_constraints", "weighted"} == set(info.components)
     assert not RewardService(judge=FakeJudge(), nli=FakeNLI()).info().fake_engines
+
+
+def test_a_batch_checked_as_it_arrives_is_validated_only_when_seen_whole() -> None:
+    s = service()
+    items = [ScoreItem("a", NLI), ScoreItem("b", NLI)]
+    check = s.batch_check()
+    check.size(len(items))
+    check.item(items[0], 0)
+    with pytest.raises(RuntimeError, match="not every item"):
+        check.done(items)
+    check.item(items[1], 1)
+    batch = check.done(items)
+    assert batch.items == tuple(items) and batch.judgments == 4
+
+
+async def test_induction_resolves_the_default_sample_count_once() -> None:
+    s = service()
+    plan = s.validator.induce(H, num_samples=0)
+    assert plan.samples == s.rubric.induction_samples
+    assert s.validator.induce(H, num_samples=3).samples == 3

@@ -1,5 +1,10 @@
 """Request limits and semantic validation: what one request may carry, and what it will cost.
 
+This is the one place a request's counts are checked and its defaults ("0 means the server
+default") resolved: :class:`Validator` turns a Score batch into a :class:`ValidatedBatch` (what
+:meth:`reward_server.service.RewardService.score` takes) and an InduceRubrics call into an
+:class:`Induction`; each kind's own rules come from :mod:`reward_server.kinds`.
+
 Every cap is checked before any message is built from the offending value, and messages quote
 callers' values only through :func:`reward_server.errors.quote` (a bounded excerpt), so an error
 can never grow past the size of gRPC trailers. :meth:`Validator.items` works through a batch
@@ -8,19 +13,19 @@ largest request allowed never holds the event loop for long.
 
 The cost of a request is counted in *judgments*: the judge prompts and NLI pairs it will send to
 the engines, estimated from its shape (an upper bound where the shape leaves it open, e.g. PARL
-counts ``rubric.max_rules`` rules). Admission control (:mod:`reward_server.admission`) counts
+counts ``rubric.max_rules`` rules). Admission control (:mod:`reward_server.service.admission`) counts
 the same unit.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reward_server import cooperative
+from reward_server import cooperative, kinds
 from reward_server import domain as d
 from reward_server.errors import InvalidRequest, quote
 from reward_server.nli.settings import NLISettings
@@ -71,12 +76,13 @@ def _sentences(text: str) -> int:
 
 
 class Validator:
-    """Checks requests against :class:`Limits` and estimates their judgments."""
+    """Checks requests against :class:`Limits` and estimates their judgments (the
+    :class:`reward_server.kinds.Checks` each kind's validation uses)."""
 
     def __init__(self, limits: Limits, rubric: RubricSettings, nlicv: NLISettings) -> None:
         self.limits = limits
-        self._rubric = rubric
-        self._nlicv = nlicv
+        self.rubric = rubric
+        self.nlicv = nlicv
 
     # ------------------------------------------------------------------ pieces
     def text(self, value: str, where: str, *, required: bool = True) -> None:
@@ -114,58 +120,14 @@ class Validator:
             self.text(h.text, f"{where}[{k}].text")
 
     def _judged_history(self, n: int) -> int:
-        return min(n, self._rubric.history_limit)
+        return min(n, self.rubric.history_limit)
 
     # -------------------------------------------------------------------- Score
     def spec(self, spec: d.ItemSpec, where: str) -> int:
-        """Validate one item spec; its judgments."""
-        if isinstance(spec, d.WeightedSpec):
-            return self._weighted(spec, where)
-        if isinstance(spec, d.RubricScoreSpec):
-            w = f"{where}.rubric_score"
-            self.text(spec.context, f"{w}.context", required=False)
-            if not spec.rules:
-                raise InvalidRequest(f"{w}.rules: needs at least one rule")
-            self.count(len(spec.rules), "max_rules_per_item", f"{w}.rules")
-            for k, rule in enumerate(spec.rules):
-                self.text(rule, f"{w}.rules[{k}]")
-            return len(spec.rules)
-        if isinstance(spec, d.ParlRewardSpec):
-            w = f"{where}.parl_reward"
-            self.history(spec.history, f"{w}.history")
-            self.text(spec.target.context, f"{w}.target.context", required=False)
-            self.text(spec.target.text, f"{w}.target.text")
-            if spec.variant is not d.ParlVariant.PARL_0 and not spec.baselines:
-                raise InvalidRequest(
-                    f"{w}.baselines: PARL-{spec.variant.value} needs at least one baseline output"
-                )
-            self.count(len(spec.baselines), "max_baselines", f"{w}.baselines")
-            for k, b in enumerate(spec.baselines):
-                self.text(b, f"{w}.baselines[{k}]")
-            texts = self._judged_history(len(spec.history)) + 1 + len(spec.baselines)
-            return self._rubric.max_rules * texts
-        w = f"{where}.nli_constraints"
-        self.text(spec.answer, f"{w}.answer")
-        self.text(spec.preference, f"{w}.preference")
-        return 2
-
-    def _weighted(self, spec: d.WeightedSpec, where: str) -> int:
-        w = f"{where}.weighted.parts"
-        if not spec.parts:
-            raise InvalidRequest(f"{w}: needs at least one part")
-        self.count(len(spec.parts), "max_weighted_parts", w)
-        work = 0
-        for j, part in enumerate(spec.parts):
-            if not math.isfinite(part.weight) or part.weight < 0:
-                raise InvalidRequest(
-                    f"{w}[{j}].weight: {part.weight} is not a finite non-negative number"
-                )
-            if isinstance(part.spec, d.WeightedSpec):  # pragma: no cover - proto forbids it
-                raise InvalidRequest(f"{w}[{j}]: combinations do not nest")
-            work += self.spec(part.spec, f"{w}[{j}]")
-        if not max(p.weight for p in spec.parts) > 0:
-            raise InvalidRequest(f"{w}: weights sum to 0; at least one weight must be positive")
-        return work
+        """Validate one item spec with its kind's rules (:mod:`reward_server.kinds`); its
+        judgments."""
+        kind = kinds.of(spec)
+        return kind.validate(spec, self, f"{where}.{kind.proto_field}")
 
     def item(self, item: d.ScoreItem, index: int, seen: dict[str, int]) -> int:
         """Validate one item of a batch (``seen``: ids so far -> index); its judgments."""
@@ -202,15 +164,28 @@ class Validator:
             )
         return judgments
 
-    async def items(self, items: Sequence[d.ScoreItem]) -> int:
-        """Validate a Score batch, yielding the loop between items; its judgments."""
-        self.batch_size(len(items))
-        seen: dict[str, int] = {}
-        work = 0
+    def largest_request_bytes(self, field_overhead: int) -> dict[str, int]:
+        """No valid InduceRubrics or Verify request is larger than this many bytes
+        (``field_overhead``: the encoding's bytes per field, generously)."""
+        lim = self.limits
+        text = lim.max_text_bytes + field_overhead
+        return {
+            "InduceRubrics": lim.max_history_items * (2 * text + field_overhead) + 64,
+            "Verify": 3 * text + 16,
+        }
+
+    def batch(self) -> BatchCheck:
+        """A Score batch checked item by item as it arrives (see :class:`BatchCheck`)."""
+        return BatchCheck(self)
+
+    async def items(self, items: Sequence[d.ScoreItem]) -> ValidatedBatch:
+        """Validate a Score batch, yielding the loop between items."""
+        check = self.batch()
+        check.size(len(items))
         for i, item in enumerate(items):
             await cooperative.turn()
-            work += self.item(item, i, seen)
-        return self.total(work, "items")
+            check.item(item, i)
+        return check.done(items)
 
     # ------------------------------------------------------ Verify, InduceRubrics
     def verify(self, *, response: str, answer: str, preference: str, evidence: bool) -> int:
@@ -223,10 +198,57 @@ class Validator:
         work = sum(1 + m + n + m * n for n in (_sentences(answer), _sentences(preference)))
         return self.total(work, "evidence")
 
-    def induce(self, history: Sequence[d.HistoryItem], *, num_samples: int) -> int:
+    def induce(self, history: Sequence[d.HistoryItem], *, num_samples: int) -> Induction:
+        """Validate an InduceRubrics call; ``num_samples`` 0 means ``rubric.induction_samples``
+        (resolved here, the one place)."""
         self.history(history, "history")
         if num_samples < 0 or num_samples > 64:
             raise InvalidRequest(f"num_samples: {num_samples} is outside 0..64 (0 = server default)")
-        k = num_samples or self._rubric.induction_samples
-        return self.total(k * (1 + self._rubric.max_rules * self._judged_history(len(history))),
-                          "history")
+        k = num_samples or self.rubric.induction_samples
+        judgments = self.total(
+            k * (1 + self.rubric.max_rules * self._judged_history(len(history))), "history")
+        return Induction(samples=k, judgments=judgments)
+
+
+@dataclass(frozen=True)
+class ValidatedBatch:
+    """A Score batch that passed :class:`Validator` (made only by :meth:`Validator.items` and
+    :meth:`BatchCheck.done`): every item checked against the limits, its judgments counted."""
+
+    items: tuple[d.ScoreItem, ...]
+    judgments: int
+
+
+@dataclass(frozen=True)
+class Induction:
+    """A validated InduceRubrics call: the samples to draw (the default resolved) and its
+    judgments."""
+
+    samples: int
+    judgments: int
+
+
+class BatchCheck:
+    """One Score batch validated as it is converted: :meth:`size` sees the item count before
+    any item is parsed, :meth:`item` each item as soon as it is converted (so a bad item is
+    refused before the rest is parsed), :meth:`done` the whole batch."""
+
+    def __init__(self, validator: Validator) -> None:
+        self._validator = validator
+        self._seen: dict[str, int] = {}
+        self._judgments = 0
+        self._count: int | None = None
+        self.max_items = validator.limits.max_batch_items
+        self.max_item_bytes = validator.limits.max_item_bytes
+
+    def size(self, n: int) -> None:
+        self._validator.batch_size(n)
+        self._count = n
+
+    def item(self, item: d.ScoreItem, index: int) -> None:
+        self._judgments += self._validator.item(item, index, self._seen)
+
+    def done(self, items: Sequence[d.ScoreItem]) -> ValidatedBatch:
+        if self._count != len(items) or len(self._seen) != len(items):
+            raise RuntimeError("BatchCheck.done: not every item of the batch was checked")
+        return ValidatedBatch(tuple(items), self._validator.total(self._judgments, "items"))

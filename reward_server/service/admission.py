@@ -1,6 +1,6 @@
 """Admission control: bounded work in flight, sized from the engines, refused cheaply when full.
 
-Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.validation`),
+Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.service.validation`),
 in calls and in request bytes: one call of 1,024 items costs what 1,024 calls of one item cost in
 judgments, and every call (Info too) holds one call slot. A call is admitted when it fits beside
 what is already in flight, or when nothing is in flight (so a request larger than the limit still

@@ -33,7 +33,7 @@ until the call's deadline, however many attempts that takes (unless ``attempts``
 retry). It fails RESOURCE_EXHAUSTED only when the next retry would pass the deadline.
 
 ``coalesce=CoalesceSettings()`` (opt-in) merges concurrent small Score calls on this client
-into one call (:mod:`reward_server.coalesce`); verl's integration turns it on.
+into one call (:mod:`reward_server.client.coalesce`); verl's integration turns it on.
 
     async with AsyncRewardClient("127.0.0.1:50051") as client:
         results = await client.score([ScoreItem(...)])
@@ -56,7 +56,7 @@ import grpc
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
-from reward_server.channel import (  # re-exported in __all__: the client's public API
+from reward_server.client.channel import (  # re-exported in __all__: the client's public API
     GRPC_MAX_ATTEMPTS,
     HEALTH,
     MIN_BACKOFF_S,
@@ -68,7 +68,7 @@ from reward_server.channel import (  # re-exported in __all__: the client's publ
     backoff_delays,
     channel_target,
 )
-from reward_server.coalesce import Coalescer, CoalesceSettings
+from reward_server.client.coalesce import Coalescer, CoalesceSettings
 from reward_server.errors import RewardServerError
 from reward_server.rpc import convert
 
@@ -81,6 +81,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 STUCK_GRACE_S = 5.0  # a call gRPC has not ended this long after its deadline is cancelled here
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# our own count of overload refusals before a resend (gRPC strips grpc-previous-rpc-attempts
+# set by an application); the server orders waiting retries by it
+PREVIOUS_ATTEMPTS_KEY = "reward-previous-attempts"
 _MIN_CALL_S = 0.05  # an overloaded call is resent only if at least this is left after the wait
 _MERGED_GRACE_S = 1.0  # a merged caller waits this past its deadline (the call's own error first)
 
@@ -211,8 +214,11 @@ class AsyncRewardClient:
             try:
                 # gRPC ends the call at its deadline; the outer bound only catches a call gRPC
                 # core itself left hanging (grpc/grpc#41036), so no call outlives its budget
+                # a call resent on pushback says so: the server lets retried work go first
+                metadata = (self._metadata if not overloaded else
+                            (*self._metadata, (PREVIOUS_ATTEMPTS_KEY, str(overloaded))))
                 return await asyncio.wait_for(
-                    fn(request, timeout=timeout, metadata=self._metadata, wait_for_ready=wfr),
+                    fn(request, timeout=timeout, metadata=metadata, wait_for_ready=wfr),
                     timeout + STUCK_GRACE_S)
             except grpc.aio.AioRpcError as e:
                 code, details, pushback_s = e.code(), e.details() or "", _pushback_s(e)

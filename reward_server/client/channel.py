@@ -1,7 +1,7 @@
 """The client's channel policy: targets (one address, several for gRPC's round robin, or a
 ``dns:``/``ipv4:``/``unix:`` name) and the :class:`RetryBudget` that becomes the channel's gRPC
 service config (``waitForReady``, ``retryPolicy``, ``loadBalancingConfig``) and reconnect
-backoff. Used by :mod:`reward_server.client`; needs only grpcio."""
+backoff. Used by :mod:`reward_server.client.client`; needs only grpcio."""
 
 from __future__ import annotations
 

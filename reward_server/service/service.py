@@ -3,13 +3,15 @@ Ray-agnostic.
 
 The service sees engines only through the protocols of :mod:`reward_server.backends.base`; whether
 they run in this process or as Ray Serve deployments is the hosting layer's business. Semantic
-validation of a request happens here (:mod:`reward_server.validation`) and nowhere else
-(structure is checked by the transport's conversion; the science modules take validated input),
-then admission control (:mod:`reward_server.admission`) decides before any engine work. Items
+validation of a request happens in :mod:`reward_server.service.validation` and nowhere else
+(structure is checked by the transport's conversion; the science modules take validated input):
+:meth:`RewardService.score` takes only the :class:`ValidatedBatch` it makes (:meth:`validate`,
+or :meth:`batch_check` item by item as a transport converts), then admission control
+(:mod:`reward_server.service.admission`) decides before any engine work. Each item is scored by
+its kind's declaration (:mod:`reward_server.kinds`); the service names no kind itself. Items
 start through :func:`reward_server.cooperative.turn`, so fanning out a large batch shares the
 event loop with every other call.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -21,16 +23,17 @@ from collections.abc import Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reward_server import API_VERSION, __version__, components, cooperative, nli, rubric
+from reward_server import API_VERSION, __version__, components, cooperative, kinds, nli, rubric
 from reward_server import domain as d
-from reward_server.admission import Admission, AdmissionSettings, Ticket
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.errors import BackendUnavailable
+from reward_server.kinds.weighted import weighted_mean
 from reward_server.nli.settings import NLISettings
 from reward_server.rubric.settings import RubricSettings
-from reward_server.validation import Limits, Validator
+from reward_server.service.admission import Admission, AdmissionSettings, Ticket
+from reward_server.service.validation import BatchCheck, Limits, ValidatedBatch, Validator
 
-__all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for"]
+__all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for", "weighted_mean"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_ENGINE_BATCH_ITEMS = 512  # judge + NLI batching.max_items at their defaults
@@ -50,10 +53,6 @@ class ServiceSettings(BaseModel):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
 
 
-class _PolicyInvalid(Exception):
-    """The policy's own output is unusable (empty or too long): a penalty, not an error."""
-
-
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     first = group.exceptions[0]
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
@@ -63,15 +62,6 @@ def admission_for(settings: AdmissionSettings, *, engine_batch_items: int) -> Ad
     """The admission control ``settings`` ask for; ``engine_batch_items``: the items one full
     batch of every engine replica holds (sizes the default judgment limit)."""
     return Admission.from_settings(settings, engine_batch_items=engine_batch_items)
-
-
-def weighted_mean(weights: Sequence[float], values: Sequence[float]) -> float:
-    """sum(w*v)/sum(w) as a convex combination: finite for any finite values and finite,
-    non-negative weights with a positive one (no overflow of the sums, no 0/0)."""
-    top = max(weights)
-    scaled = [w / top for w in weights]  # in [0, 1], the largest is 1
-    total = math.fsum(scaled)  # in [1, len(weights)]
-    return math.fsum((w / total) * v for w, v in zip(scaled, values, strict=True))
 
 
 class RewardService:
@@ -111,23 +101,28 @@ class RewardService:
                 held.release()
 
     # ------------------------------------------------------------------ Score
-    async def score(
-        self,
-        items: Sequence[d.ScoreItem],
-        *,
-        ticket: Ticket | None = None,
-        judgments: int | None = None,
-    ) -> list[d.ItemResult]:
-        """One result per item, in order. Raises InvalidRequest for a malformed request and
-        Overloaded when admission control refuses it. ``ticket``: the transport's, holding the
-        request's bytes; ``judgments``: given when the caller has validated ``items`` with
-        :attr:`validator` already (as it converted them)."""
-        if judgments is None:
-            judgments = await self.validator.items(items)
-        with self._admitted(ticket, judgments):
+    async def validate(self, items: Sequence[d.ScoreItem]) -> ValidatedBatch:
+        """``items`` checked against the limits (InvalidRequest names what is wrong), ready for
+        :meth:`score`."""
+        return await self.validator.items(items)
+
+    def batch_check(self) -> BatchCheck:
+        """A Score batch validated item by item as a transport converts it; its
+        :meth:`~BatchCheck.done` is what :meth:`score` takes."""
+        return self.validator.batch()
+
+    def largest_request_bytes(self, field_overhead: int) -> dict[str, int]:
+        """Per method (InduceRubrics, Verify): no valid request is larger (see
+        :meth:`Validator.largest_request_bytes`)."""
+        return self.validator.largest_request_bytes(field_overhead)
+
+    async def score(self, batch: ValidatedBatch, *, ticket: Ticket | None = None) -> list[d.ItemResult]:
+        """One result per item, in order. Raises Overloaded when admission control refuses the
+        batch. ``ticket``: the transport's, holding the request's bytes."""
+        with self._admitted(ticket, batch.judgments):
             try:
                 async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch
-                    tasks = [tg.create_task(self._score_item(item)) for item in items]
+                    tasks = [tg.create_task(self._score_item(item)) for item in batch.items]
             except BaseExceptionGroup as group:
                 raise _first_leaf(group) from None
         if any(t.cancelled() for t in tasks):  # an engine cancelled our call (replica gone?)
@@ -137,40 +132,32 @@ class RewardService:
             )
         return [t.result() for t in tasks]
 
-    async def _leaf(self, spec: d.LeafSpec) -> d.RewardOutcome:
-        check = self.validator.policy_text_problem
-        try:
-            if isinstance(spec, d.RubricScoreSpec):
-                problem = check(spec.text, "rubric_score.text")
-                if problem:
-                    raise _PolicyInvalid(problem)
-                outcome = await rubric.score_rubric(self.judge, spec, self.rubric)
-            elif isinstance(spec, d.ParlRewardSpec):
-                problem = check(spec.policy_output, "parl_reward.policy_output")
-                if problem:
-                    raise _PolicyInvalid(problem)
-                outcome = await rubric.parl_reward(self.judge, spec, self.rubric)
-            else:
-                problem = check(spec.response, "nli_constraints.response")
-                if problem:
-                    raise _PolicyInvalid(problem)
-                outcome = await nli.nli_constraints_reward(self.nli, spec, self.nlicv)
-        except _PolicyInvalid as e:
-            outcome = d.RewardOutcome(reward=None, policy_invalid=str(e))
+    async def leaf(self, spec: d.LeafSpec) -> d.RewardOutcome:
+        """The outcome of one leaf spec: its kind's score, or the penalty when the policy's
+        output is unusable (empty, too long, or what the science calls invalid)."""
+        kind = kinds.of(spec)
+        problem = self.validator.policy_text_problem(
+            kind.response(spec), f"{kind.proto_field}.{kind.response_field}"
+        )
+        if problem is not None:
+            outcome = d.RewardOutcome(reward=None, policy_invalid=problem)
+        else:
+            outcome = await kind.score(spec, self)
         if outcome.policy_invalid is not None:
             penalty = self.settings.policy_invalid_penalty
             return d.RewardOutcome(penalty, outcome.components, outcome.policy_invalid)
         if outcome.reward is None:  # pragma: no cover - science contract
-            raise RuntimeError(f"{d.kind_of(spec).value}: no reward and no policy_invalid reason")
+            raise RuntimeError(f"{kind.proto_field}: no reward and no policy_invalid reason")
         return outcome
 
     async def _score_item(self, item: d.ScoreItem) -> d.ItemResult:
         await cooperative.turn()  # items start a time slice at a time, not all in one go
         start = time.perf_counter()
-        if isinstance(item.spec, d.WeightedSpec):
-            outcome = await self._weighted(item.spec)
+        spec = item.spec
+        if isinstance(spec, d.WeightedSpec):  # a combination: its parts go through leaf()
+            outcome = await kinds.of(spec).score(spec, self)
         else:
-            outcome = await self._leaf(item.spec)
+            outcome = await self.leaf(spec)
         if outcome.reward is None or not math.isfinite(outcome.reward):
             raise RuntimeError(f"item {item.item_id!r}: the reward came out as {outcome.reward}")
         elapsed_ms = (time.perf_counter() - start) * 1000.0
@@ -183,22 +170,6 @@ class RewardService:
             message=outcome.policy_invalid or "",
         )
 
-    async def _weighted(self, spec: d.WeightedSpec) -> d.RewardOutcome:
-        outcomes = await asyncio.gather(*(self._leaf(p.spec) for p in spec.parts))
-        rewards = [float(o.reward) if o.reward is not None else math.nan for o in outcomes]
-        reward = weighted_mean([p.weight for p in spec.parts], rewards)
-        components: dict[str, float] = {}
-        invalid: list[str] = []
-        for j, (part, o) in enumerate(zip(spec.parts, outcomes, strict=True)):
-            components[f"part{j}.reward"] = rewards[j]
-            components[f"part{j}.weight"] = part.weight
-            components.update({f"part{j}.{k}": v for k, v in o.components.items()})
-            if o.policy_invalid:
-                invalid.append(f"part{j}: {o.policy_invalid}")
-        return d.RewardOutcome(
-            reward=reward, components=components, policy_invalid="; ".join(invalid) or None
-        )
-
     # --------------------------------------------------------- InduceRubrics
     async def induce_rubrics(
         self,
@@ -209,14 +180,14 @@ class RewardService:
         seed: int,
         ticket: Ticket | None = None,
     ) -> d.InductionResult:
-        judgments = self.validator.induce(history, num_samples=num_samples)
-        with self._admitted(ticket, judgments):
+        plan = self.validator.induce(history, num_samples=num_samples)
+        with self._admitted(ticket, plan.judgments):
             return await rubric.induce_rubrics(
                 self.judge,
                 history=history,
                 task=task,
                 settings=self.rubric,
-                num_samples=num_samples or None,
+                num_samples=plan.samples,
                 seed=seed,
             )
 

@@ -1,0 +1,33 @@
+"""Python client for reward.v1 (needs only grpcio, protobuf and pydantic).
+
+    from reward_server.client import AsyncRewardClient, RewardClient, RetryBudget
+
+:mod:`reward_server.client.client` holds the clients and :class:`RewardCallError`;
+:mod:`reward_server.client.channel` the channel policy (retry budget, service config, targets);
+:mod:`reward_server.client.coalesce` the merging of concurrent small calls (opt-in).
+"""
+
+from __future__ import annotations
+
+from reward_server.client.client import (
+    GRPC_MAX_ATTEMPTS,
+    HEALTH,
+    MIN_BACKOFF_S,
+    RETRYABLE,
+    SERVICE,
+    STUCK_GRACE_S,
+    AsyncRewardClient,
+    CoalesceSettings,
+    RetryBudget,
+    RewardCallError,
+    RewardClient,
+    Target,
+    backoff_delays,
+    channel_target,
+)
+
+__all__ = [
+    "GRPC_MAX_ATTEMPTS", "HEALTH", "MIN_BACKOFF_S", "RETRYABLE", "SERVICE", "STUCK_GRACE_S",
+    "AsyncRewardClient", "CoalesceSettings", "RetryBudget", "RewardCallError", "RewardClient", "Target",
+    "backoff_delays", "channel_target",
+]

@@ -1,0 +1,81 @@
+"""What one reward kind declares, and the two faces it sees of the service.
+
+A kind is a :class:`Kind`: its :class:`~reward_server.domain.RewardKind` (whose value is the
+``oneof kind`` field of ``reward.v1.ScoreItem``, and the ``rpc`` layer's key for it), the
+domain spec it scores, its components (declared in :mod:`reward_server.components`), the spec
+field that carries the policy's response, how a request of it is validated and what it costs
+(judgments), and its score function. The service dispatches every item through
+:func:`reward_server.kinds.of`; it never names a kind itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from reward_server import domain as d
+from reward_server.backends.base import JudgeEngine, NLIEngine
+from reward_server.components import Component
+from reward_server.nli.settings import NLISettings
+from reward_server.rubric.settings import RubricSettings
+
+S = TypeVar("S")
+
+
+class Checks(Protocol):
+    """The request limits a kind's validation checks against
+    (:class:`reward_server.service.validation.Validator`)."""
+
+    rubric: RubricSettings
+    nlicv: NLISettings
+
+    def text(self, value: str, where: str, *, required: bool = True) -> None:
+        """Refuse a text over ``service.limits.max_text_bytes`` (or empty, if ``required``)."""
+
+    def count(self, n: int, name: str, where: str) -> None:
+        """Refuse ``n`` entries at ``where`` if over the limit called ``name``."""
+
+    def history(self, items: Sequence[d.HistoryItem], where: str) -> None:
+        """Refuse an empty or too long history, or one with a bad text."""
+
+    def spec(self, spec: d.ItemSpec, where: str) -> int:
+        """Validate a (part's) spec of any kind; its judgments."""
+
+
+class Science(Protocol):
+    """What a kind's score function runs on (:class:`reward_server.service.RewardService`)."""
+
+    judge: JudgeEngine
+    nli: NLIEngine
+    rubric: RubricSettings
+    nlicv: NLISettings
+
+    async def leaf(self, spec: d.LeafSpec) -> d.RewardOutcome:
+        """The outcome of one leaf spec, its policy output checked and penalised as for an item."""
+
+
+@dataclass(frozen=True)
+class Kind(Generic[S]):
+    """The declaration of one reward kind (see the module doc)."""
+
+    kind: d.RewardKind
+    spec: type[S]
+    components: tuple[Component, ...]
+    response_field: str | None  # the spec field with the policy's output; None: each part's own
+    validate: Callable[[S, Checks, str], int]  # (spec, checks, where) -> judgments; InvalidRequest
+    score: Callable[[S, Science], Awaitable[d.RewardOutcome]]
+
+    @property
+    def proto_field(self) -> str:
+        """The ``reward.v1.ScoreItem`` ``oneof kind`` field of this kind."""
+        return self.kind.value
+
+    def response(self, spec: S) -> str:
+        """The policy's output in ``spec`` (a leaf kind's ``response_field``)."""
+        if self.response_field is None:
+            raise TypeError(f"{self.kind.value} has no response field of its own")
+        value = getattr(spec, self.response_field)
+        if not isinstance(value, str):  # pragma: no cover - a declaration error
+            raise TypeError(f"{self.kind.value}.{self.response_field} is not a text field")
+        return value

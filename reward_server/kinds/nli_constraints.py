@@ -1,0 +1,29 @@
+"""``nli_constraints``: NLICV's reward of a response against an answer and a preference (two
+NLI pairs)."""
+
+from __future__ import annotations
+
+from reward_server import domain as d
+from reward_server.components import NliConstraints
+from reward_server.kinds.base import Checks, Kind, Science
+from reward_server.nli import nli_constraints_reward
+
+
+def validate(spec: d.NliConstraintsSpec, checks: Checks, where: str) -> int:
+    checks.text(spec.answer, f"{where}.answer")
+    checks.text(spec.preference, f"{where}.preference")
+    return 2
+
+
+async def score(spec: d.NliConstraintsSpec, science: Science) -> d.RewardOutcome:
+    return await nli_constraints_reward(science.nli, spec, science.nlicv)
+
+
+KIND = Kind(
+    kind=d.RewardKind.NLI_CONSTRAINTS,
+    spec=d.NliConstraintsSpec,
+    components=NliConstraints.ALL,
+    response_field="response",
+    validate=validate,
+    score=score,
+)
