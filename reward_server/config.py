@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reward_server.backends.settings import EnginesSettings
+from reward_server.backends.smollm2 import local_smollm2_path as local_smollm2_path  # the trainer's bundled policy
 from reward_server.config_errors import format_errors, yaml_key_lines
 from reward_server.errors import ConfigError as ConfigError  # re-exported: the trainer's face
 from reward_server.nli.settings import NLISettings

@@ -170,7 +170,7 @@ def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
     device = pick_device(s.device)
     model = s.model
     if model is None:
-        from reward_server.backends.smollm2 import local_smollm2_path
+        from reward_server.config import local_smollm2_path
 
         model = str(local_smollm2_path())
     reward = RewardServerReward(s.reward_server, token=s.token, retry=s.retry,

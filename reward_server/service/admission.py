@@ -218,13 +218,17 @@ class Admission:
     def _sizing(self, what: str) -> str:
         cap = self.cap_calls if what == "calls" else self.cap_judgments
         floor = self.min_calls if what == "calls" else self.min_judgments
-        name = f"service.admission.max_{what}_in_flight={cap}"
+        cap_path, floor_path = (
+            ("service.admission.max_calls_in_flight", "service.admission.min_calls_in_flight")
+            if what == "calls" else
+            ("service.admission.max_judgments_in_flight", "service.admission.min_judgments_in_flight"))
+        name = f"{cap_path}={cap}"
         if not self.adaptive:
             return name
         target = self.target()
         sized = ("nothing measured yet" if target is None
                  else f"measured throughput x {target * 1000:.0f} ms latency target")
-        return f"{sized}, between service.admission.min_{what}_in_flight={floor} and {name}"
+        return f"{sized}, between {floor_path}={floor} and {name}"
 
     def _usual(self) -> int:
         return round(min(self._call_judgments, self.max_judgments or 0))

@@ -89,16 +89,9 @@ for _layer in ("reward_server.backends", "reward_server.rubric", "reward_server.
 
 # what the trainer may import of reward_server: its public faces (and the package's version)
 PUBLIC_FACES = ("reward_server.client", "reward_server.integrations", "reward_server.domain",
-                "reward_server.components", "reward_server.config")
-# edges still to move onto a public face, in files whose contents the row-contract work owns
-# (trainer/tasks, trainer/data) or with no face yet; each must still exist (none goes stale)
-PENDING_TRAINER_EDGES = {
-    "trainer.data.prepare -> reward_server.rpc.convert",  # the row contract's fill_response
-    "trainer.data.prepare -> reward_server.rpc.jsonmap",  # the row contract's ScoreItem JSON
-    "trainer.tasks.personalized_generator -> reward_server.rubric.templates",  # history prompt
-    "trainer.tasks.rubric_generator -> reward_server.rubric.templates",  # generator prompt
-    "trainer.trl_runner -> reward_server.backends.smollm2",  # the bundled SmolLM2's path
-}
+                "reward_server.components", "reward_server.config", "reward_server.prompts")
+# edges allowed past the public faces for now (none; each listed one must still exist)
+PENDING_TRAINER_EDGES: set[str] = set()
 
 
 def modules() -> dict[str, Path]:

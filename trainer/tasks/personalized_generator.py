@@ -21,7 +21,7 @@ from reward_server.domain import (
     WeightedPart,
     WeightedSpec,
 )
-from reward_server.rubric.templates import TASK_LABELS, render_history
+from reward_server.prompts import TASK_LABELS, render_history
 from trainer.data.records import DataFormatError, UserRecord
 from trainer.tasks.common import PERSONALIZED_KINDS
 

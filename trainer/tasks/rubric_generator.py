@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from reward_server.config import RubricSettings
 from reward_server.domain import ParlRewardSpec, ParlVariant
-from reward_server.rubric.templates import generator_request
+from reward_server.prompts import generator_request
 from trainer.data.records import DataFormatError, UserRecord
 
 

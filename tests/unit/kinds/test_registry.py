@@ -95,3 +95,12 @@ async def test_an_empty_response_is_penalised_under_its_kind_field_name() -> Non
         outcome = await s.leaf(spec)
         assert outcome.policy_invalid == f"{where} is empty"
         assert outcome.reward == s.settings.policy_invalid_penalty
+
+
+def test_the_client_side_response_fields_match_the_registry() -> None:
+    """The row contract (client side: integrations may not import kinds) fills the same response
+    field each kind declares; a new kind missing there fails here, not in a trainer."""
+    from reward_server.integrations import extra_info
+
+    leaf = {k.proto_field: k.response_field for k in kinds.KINDS.values() if k.response_field}
+    assert extra_info._RESPONSE_FIELD == leaf
