@@ -16,7 +16,13 @@ loop, concurrently with its other async reward functions. Each call sends ONE Sc
 holding every completion of the generation batch. It logs, through TRL's ``log_metric``, the
 mean of each of the reward kind's components (``reward/s_target``, ``reward/gamma``, ...), the
 share of policy-invalid outputs (``reward/policy_invalid``), of masked samples
-(``reward/masked``) and the seconds the call took (``reward/wait_s``).
+(``reward/masked``) and the seconds the call took (``reward/wait_s``). A component is averaged
+over the completions it applies to (a policy-invalid output computes none): never NaN; a
+component no completion of the batch has is not logged for that batch.
+
+The first call probes the server once (``Info`` within ``probe_timeout_s``, 10 s by default):
+a server that is not there fails it in seconds, with one line naming the address, the status
+and the fix.
 
 A failed call (server away past the retry budget, an engine error) raises with the server's
 status by default. With ``mask_infra_failures=True`` it returns ``None`` for those completions
@@ -36,6 +42,7 @@ from typing import Any
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
 from reward_server.domain import ItemResult, ItemStatus, ScoreItem
 from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
+from reward_server.integrations.probe import PROBE_TIMEOUT_S, ServerUnreachable, probe
 
 logger = logging.getLogger(__name__)
 EXTRA_INFO_COLUMN = "extra_info_json"
@@ -84,6 +91,7 @@ class RewardServerReward:
         extra_info_column: str = EXTRA_INFO_COLUMN,
         metric_prefix: str = "reward/",
         name: str = "reward_server",
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.__name__ = name  # TRL's name for the function in its logs
         self.target = target
@@ -96,6 +104,8 @@ class RewardServerReward:
         self.history: list[dict[str, float]] = []
         self.wait_s: list[float] = []
         self.masked = 0
+        self.probe_timeout_s = probe_timeout_s
+        self._probed = False
         self._client: AsyncRewardClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -123,6 +133,7 @@ class RewardServerReward:
                  for i, (e, t) in enumerate(zip(extras, texts, strict=True))]
         self.calls.append(len(items))
         log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+        await self._probe_once()
         start = time.perf_counter()
         try:
             results = await self._client_here().score(items)
@@ -139,6 +150,20 @@ class RewardServerReward:
         means = component_means([str(e.get("kind") or "") for e in extras], results)
         self._log({**means, "masked": 0.0, "wait_s": self.wait_s[-1]}, log_metric)
         return [r.reward for r in results]
+
+    async def _probe_once(self) -> None:
+        """The start-up probe before the first call: a server that is not there fails within
+        ``probe_timeout_s`` with one line (:class:`ServerUnreachable`), not after the call's
+        ``retry.deadline_s`` (with ``mask_infra_failures`` the call's own budget decides)."""
+        if self._probed:
+            return
+        try:
+            await probe(self.target, token=self.token, timeout_s=self.probe_timeout_s,
+                        address_flag="RewardServerReward's target as", timeout_flag="probe_timeout_s")
+        except ServerUnreachable:
+            if not self.mask_infra_failures:
+                raise
+        self._probed = True
 
     def _log(self, means: dict[str, float], log_metric: Callable[[str, float], None] | None) -> None:
         self.history.append(means)

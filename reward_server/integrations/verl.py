@@ -21,7 +21,13 @@ see :mod:`reward_server.integrations.extra_info`); the reward kwargs say where t
 how long a call may try (:class:`reward_server.client.RetryBudget`): ``attempts``,
 ``backoff_cap_s``, ``deadline_s``. The result is a dict with fixed keys (verl builds its metric
 arrays from the first result's keys): ``score``, ``policy_invalid``, ``reward_masked`` and the
-kind's components (a component the server did not report is NaN).
+kind's components, each with ``<name>_mask`` (a component the server did not compute for
+this sample, e.g. after a policy-invalid output, is 0.0 with mask 0.0: every value is finite,
+since verl averages them with ``np.mean``; the valid-only mean is ``mean(name) / mean(name_mask)``).
+
+The first call of a process probes the server once (``Info``, ``probe_timeout_s``, 10 s by
+default): a server that is not there fails it in seconds with one line naming the address, the
+status and the fix, instead of after ``deadline_s``.
 
 An infrastructure failure never becomes a score. By default the call raises with the server's
 status and message; verl 0.9.1's v1 trainer treats that as a failed rollout: it logs the error,
@@ -50,9 +56,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reward_server import components
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
 from reward_server.domain import ItemResult, ItemStatus, ScoreItem
 from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
+from reward_server.integrations.probe import PROBE_TIMEOUT_S, ServerUnreachable, probe
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,7 @@ MODULE = __name__
 _VERL_CALL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 
 _clients: dict[tuple[Any, ...], AsyncRewardClient] = {}
+_probes: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
 _lock = threading.Lock()
 _counts = {"scored": 0, "policy_invalid": 0, "masked": 0}
 
@@ -84,21 +93,45 @@ def _client(address: str, token: str | None, budget: RetryBudget) -> AsyncReward
 
 
 def result_to_dict(kind: str, result: ItemResult) -> dict[str, float]:
-    """The fixed-key dict verl logs for one scored sample."""
+    """The fixed-key dict verl logs for one scored sample: every value finite. A component the
+    server did not compute for this sample (e.g. after a policy-invalid output) is 0.0 with
+    ``<name>_mask`` 0.0 (:func:`reward_server.components.with_masks`): verl averages these with
+    ``np.mean`` and needs the same keys on every sample, so the valid-only mean of a component
+    over a batch is ``mean(name) / mean(name_mask)``."""
     assert result.reward is not None, "an OK/POLICY_INVALID result always carries a reward"
     out = {"score": float(result.reward),
            "policy_invalid": 1.0 if result.status is ItemStatus.POLICY_INVALID else 0.0,
            "reward_masked": 0.0}
-    for key in COMPONENT_KEYS.get(kind, ()):
-        value = result.components.get(key)
-        out[key] = float(value) if value is not None else math.nan
+    out.update(components.with_masks(COMPONENT_KEYS.get(kind, ()), result.components))
     return out
 
 
 def masked_dict(kind: str) -> dict[str, float]:
+    """A sample masked after an infrastructure failure: ``score`` NaN (what ``grpo_masked``
+    leaves out), ``reward_masked`` 1, every component absent (0.0, mask 0.0)."""
     out = {"score": math.nan, "policy_invalid": 0.0, "reward_masked": 1.0}
-    out.update({k: math.nan for k in COMPONENT_KEYS.get(kind, ())})
+    out.update(components.with_masks(COMPONENT_KEYS.get(kind, ()), {}))
     return out
+
+
+async def _probe_once(address: str, token: str | None, timeout_s: float) -> None:
+    """The start-up probe, once per (server, event loop): the first call of a run fails within
+    ``probe_timeout_s`` with one line (:class:`~reward_server.integrations.probe.ServerUnreachable`)
+    instead of waiting out the call's ``deadline_s``; concurrent first calls share it."""
+    key = (address, token, id(asyncio.get_running_loop()))
+    with _lock:
+        task = _probes.get(key)
+        if task is None:
+            task = _probes[key] = asyncio.ensure_future(probe(address, token=token, timeout_s=timeout_s,
+                                                              address_flag="reward_kwargs.reward_server",
+                                                              timeout_flag="reward_kwargs.probe_timeout_s"))
+    try:
+        await asyncio.shield(task)
+    except ServerUnreachable:
+        with _lock:
+            if _probes.get(key) is task:
+                del _probes[key]  # the next call probes again
+        raise
 
 
 async def compute_score(
@@ -113,6 +146,7 @@ async def compute_score(
     backoff_cap_s: float = RetryBudget.backoff_cap_s,
     deadline_s: float = RetryBudget.deadline_s,
     mask_infra_failures: bool = False,
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
     **verl_kwargs: Any,
 ) -> dict[str, float]:
     """Score one rollout on the reward server; see the module doc for the contract."""
@@ -134,7 +168,14 @@ async def compute_score(
                      spec=spec_from_extra_info(extra_info, solution_str))
     budget = RetryBudget(attempts=attempts, backoff_cap_s=backoff_cap_s, deadline_s=deadline_s,
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
-    client = _client(address, os.environ.get(token_env) or None, budget)
+    token = os.environ.get(token_env) or None
+    try:
+        await _probe_once(address, token, probe_timeout_s)
+    except ServerUnreachable:
+        if not mask_infra_failures:
+            raise
+        # masking on: the call below gets its own budget and masks the sample if it fails
+    client = _client(address, token, budget)
     try:
         (result,) = await client.score([item])
     except RewardCallError as e:
