@@ -18,7 +18,6 @@ import grpc
 
 from reward_server import domain as d
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
-from reward_server.errors import RewardServerError
 
 PROBE_TIMEOUT_S = 10.0
 """Default deadline of the start-up probe (waiting for a server that is starting included)."""
@@ -26,8 +25,17 @@ TOKEN_ENV = "REWARD_SERVER_TOKEN"
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-class ServerUnreachable(RewardServerError):
-    """The start-up probe failed; the message is one line: address, status, fix."""
+class ServerUnreachable(RewardCallError):
+    """The start-up probe failed: a :class:`RewardCallError` (``code``, ``details``) whose text
+    is one line naming the address, the status and the fix."""
+
+    def __init__(self, method: str, code: grpc.StatusCode, details: str, *, attempts: int,
+                 line: str = "") -> None:
+        super().__init__(method, code, details, attempts=attempts)
+        self.line = line or f"{method} failed with {code.name}: {details}"
+
+    def __str__(self) -> str:
+        return self.line
 
 
 def short_details(details: str) -> str:
@@ -72,10 +80,12 @@ async def probe(
         async with AsyncRewardClient(target, token=token, retry=budget) as client:
             return await client.info()
     except RewardCallError as e:
-        raise ServerUnreachable(describe(target, e, address_flag=address_flag,
-                                         timeout_flag=timeout_flag, timeout_s=timeout_s)) from None
+        line = describe(target, e, address_flag=address_flag, timeout_flag=timeout_flag,
+                        timeout_s=timeout_s)
+        raise ServerUnreachable(e.method, e.code, e.details, attempts=e.attempts, line=line) from None
     except ValueError as e:  # a malformed address (channel_target)
-        raise ServerUnreachable(f"reward server address {target!r}: {e}") from None
+        raise ServerUnreachable("Info", grpc.StatusCode.INVALID_ARGUMENT, str(e), attempts=0,
+                                line=f"reward server address {target!r}: {e}") from None
 
 
 def probe_blocking(target: Target, **kwargs: Any) -> d.ServerInfo:
