@@ -145,19 +145,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _read_items(path: Path) -> Iterator[tuple[int, Any]]:
-    from google.protobuf import json_format
-
     from reward_server._proto.reward.v1 import reward_pb2 as pb
+    from reward_server.rpc import jsonmap
     from reward_server.rpc.convert import item_from_proto
 
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            try:
-                msg = json_format.Parse(line, pb.ScoreItem())
+            try:  # jsonmap: its errors name the fields as the docs do (policy_output)
+                msg = jsonmap.parse(pb.ScoreItem, line, what="reward.v1.ScoreItem")
                 yield lineno, item_from_proto(msg, lineno - 1)
-            except (json_format.ParseError, RewardServerError) as e:
+            except RewardServerError as e:
                 raise InputLineError(f"{path}:{lineno}: {e}") from None
 
 

@@ -88,6 +88,24 @@ def error_response(exc: BaseException) -> Response:
     return json_response(body, status, http_headers_for(exc))
 
 
+async def no_route(request: Request, exc: Exception) -> Response:
+    """404 (no such path) and 405 (not that method) in the door's JSON error envelope, with the
+    routes there are; gRPC's status as grpc-gateway answers them (NOT_FOUND, UNIMPLEMENTED)."""
+    status = getattr(exc, "status_code", 404)
+    headers = dict(getattr(exc, "headers", None) or {})
+    path = request.url.path
+    if status == 405:
+        allowed = headers.get("allow") or headers.get("Allow") or "another method"
+        message = f"{request.method} {path} is not allowed; use {allowed}"
+        code = "UNIMPLEMENTED"
+    else:
+        message = (f"no route {path}; the routes are POST {', '.join(METHODS)}, "
+                   "GET /v1/info, GET /v1/health, POST /openrlhf/reward")
+        code = "NOT_FOUND"
+    return json_response({"error": {"code": status, "status": code, "message": message}},
+                         status, headers)
+
+
 HEALTH_RESERVE = 16  # connections past server.http.max_connections that may only ask health
 
 
@@ -164,7 +182,7 @@ class HttpDoor:
             Route("/v1/health", self._health, methods=["GET"]),
             Route("/openrlhf/reward", self._openrlhf, methods=["POST"]),
         ]
-        self.routes = Starlette(routes=routes)
+        self.routes = Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
         http = settings.http
         self.host = http.host or settings.host
         self._socket = self._bind(self.host, http.port or 0)
