@@ -20,7 +20,7 @@ share of policy-invalid outputs (``reward/policy_invalid``), of masked samples
 over the completions it applies to (a policy-invalid output computes none): never NaN; a
 component no completion of the batch has is not logged for that batch.
 
-The first call probes the server once (``Info`` within ``probe_timeout_s``, 10 s by default):
+Unless masking, the first call probes the server once (``Info`` within ``probe_timeout_s``, 10 s by default):
 a server that is not there fails it in seconds, with one line naming the address, the status
 and the fix.
 
@@ -42,7 +42,7 @@ from typing import Any
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
 from reward_server.domain import ItemResult, ItemStatus, ScoreItem
 from reward_server.integrations.extra_info import COMPONENT_KEYS, spec_from_extra_info
-from reward_server.integrations.probe import PROBE_TIMEOUT_S, ServerUnreachable, probe
+from reward_server.integrations.probe import PROBE_TIMEOUT_S, probe
 
 logger = logging.getLogger(__name__)
 EXTRA_INFO_COLUMN = "extra_info_json"
@@ -154,15 +154,11 @@ class RewardServerReward:
     async def _probe_once(self) -> None:
         """The start-up probe before the first call: a server that is not there fails within
         ``probe_timeout_s`` with one line (:class:`ServerUnreachable`), not after the call's
-        ``retry.deadline_s`` (with ``mask_infra_failures`` the call's own budget decides)."""
-        if self._probed:
+        ``retry.deadline_s`` (not with ``mask_infra_failures``: the call's own budget decides)."""
+        if self._probed or self.mask_infra_failures:  # masking rides out an absent server
             return
-        try:
-            await probe(self.target, token=self.token, timeout_s=self.probe_timeout_s,
-                        address_flag="RewardServerReward's target as", timeout_flag="probe_timeout_s")
-        except ServerUnreachable:
-            if not self.mask_infra_failures:
-                raise
+        await probe(self.target, token=self.token, timeout_s=self.probe_timeout_s,
+                    address_flag="RewardServerReward's target as", timeout_flag="probe_timeout_s")
         self._probed = True
 
     def _log(self, means: dict[str, float], log_metric: Callable[[str, float], None] | None) -> None:

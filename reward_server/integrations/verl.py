@@ -25,9 +25,9 @@ kind's components, each with ``<name>_mask`` (a component the server did not com
 this sample, e.g. after a policy-invalid output, is 0.0 with mask 0.0: every value is finite,
 since verl averages them with ``np.mean``; the valid-only mean is ``mean(name) / mean(name_mask)``).
 
-The first call of a process probes the server once (``Info``, ``probe_timeout_s``, 10 s by
-default): a server that is not there fails it in seconds with one line naming the address, the
-status and the fix, instead of after ``deadline_s``.
+Unless ``mask_infra_failures`` is on, the first call of a process probes the server once
+(``Info``, ``probe_timeout_s``, 10 s by default): a server that is not there fails it in seconds
+with one line naming the address, the status and the fix, instead of after ``deadline_s``.
 
 An infrastructure failure never becomes a score. By default the call raises with the server's
 status and message; verl 0.9.1's v1 trainer treats that as a failed rollout: it logs the error,
@@ -169,12 +169,8 @@ async def compute_score(
     budget = RetryBudget(attempts=attempts, backoff_cap_s=backoff_cap_s, deadline_s=deadline_s,
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
     token = os.environ.get(token_env) or None
-    try:
+    if not mask_infra_failures:  # masking rides out an absent server by design: no probe
         await _probe_once(address, token, probe_timeout_s)
-    except ServerUnreachable:
-        if not mask_infra_failures:
-            raise
-        # masking on: the call below gets its own budget and masks the sample if it fails
     client = _client(address, token, budget)
     try:
         (result,) = await client.score([item])
