@@ -192,6 +192,8 @@ def main_verl(args: argparse.Namespace, overrides: list[str]) -> int:
     from trainer import verl_runner
 
     overrides = verl_overrides(args, overrides)
+    # the server first when --reward-server names it: composing verl's config imports verl (slow)
+    early = probe_server(args) if args.reward_server and not args.check_config else None
     try:
         config = verl_runner.compose(args.preset, overrides)
         if args.check_config:
@@ -206,7 +208,8 @@ def main_verl(args: argparse.Namespace, overrides: list[str]) -> int:
             return 0
         path = run_path(args, args.preset)  # checked, made only once the inputs are
         verl_runner.check_inputs(config)
-        provenance = verl_runner.probe(config, timeout_s=args.probe_timeout_s)
+        verl_runner.check(config, args.preset)
+        provenance = early or verl_runner.probe(config, timeout_s=args.probe_timeout_s)
         path.mkdir(parents=True, exist_ok=True)
         print(f"run directory: {path}", flush=True)
         verl_runner.run(args.preset, overrides, run_dir=path, provenance=provenance)
