@@ -123,7 +123,7 @@ def _probe(args: argparse.Namespace) -> Any:
 
     token = args.token or os.environ.get("REWARD_SERVER_TOKEN")
     return asyncio.run(probe(args.target, token=token, timeout_s=args.probe_timeout_s,
-                             address_flag="--target"))
+                             address_flag="--target", token_flag="--token"))
 
 
 def cmd_health(args: argparse.Namespace) -> int:

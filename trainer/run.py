@@ -303,10 +303,15 @@ def probe_server(args: argparse.Namespace) -> dict[str, Any]:
                               timeout_s=args.probe_timeout_s)
     except ServerUnreachable as e:
         raise UserError(str(e)) from None
-    logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
-                info.api_version, info.server_version, info.judge_model, info.nli_model,
-                dict(info.template_versions))
     return {"reward_server": args.reward_server, **dataclasses.asdict(info)}
+
+
+def log_provenance(provenance: dict[str, Any]) -> None:
+    """The server's Info, logged once the run starts (not before a mistake found later)."""
+    logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
+                provenance.get("api_version"), provenance.get("server_version"),
+                provenance.get("judge_model"), provenance.get("nli_model"),
+                provenance.get("template_versions"))
 
 
 def main_trl(args: argparse.Namespace) -> int:
@@ -331,6 +336,7 @@ def main_trl(args: argparse.Namespace) -> int:
 
     path.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {path}", flush=True)
+    log_provenance(provenance)
     result = run_trl(TrlRunSettings(
         data=data, output_dir=path, reward_server=args.reward_server,
         model=args.model, device=args.device, max_steps=args.max_steps, save_steps=args.save_steps,

@@ -263,9 +263,6 @@ def probe(config: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
     kw = dict(config.reward.custom_reward_function.get("reward_kwargs") or {})
     timeout = timeout_s if timeout_s is not None else float(kw.get("probe_timeout_s") or PROBE_TIMEOUT_S)
     info = probe_blocking(address, token=token, timeout_s=timeout)
-    logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
-                info.api_version, info.server_version, info.judge_model, info.nli_model,
-                dict(info.template_versions))
     return {"reward_server": address, **dataclasses.asdict(info)}
 
 
@@ -274,6 +271,10 @@ def log_provenance(config: Any, run_dir: Path, provenance: dict[str, Any] | None
     before verl starts: an unreachable server fails the run here, not after model loading."""
     provenance = provenance if provenance is not None else probe(config)
     (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2, default=str))
+    logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
+                provenance.get("api_version"), provenance.get("server_version"),
+                provenance.get("judge_model"), provenance.get("nli_model"),
+                provenance.get("template_versions"))
     return provenance
 
 

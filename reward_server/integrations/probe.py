@@ -50,6 +50,7 @@ def short_details(details: str) -> str:
 def describe(
     target: Target, error: RewardCallError, *, address_flag: str = "--reward-server",
     timeout_flag: str | None = "--probe-timeout-s", timeout_s: float | None = None,
+    token_flag: str | None = None,
 ) -> str:
     """One line for a failed probe of ``target``: what, the status, and the fix."""
     where = target if isinstance(target, str) else ",".join(map(str, target))
@@ -61,14 +62,15 @@ def describe(
                 f"`reward-server serve ...` (--fake to try the API) or pass {address_flag} "
                 f"HOST:PORT{more}")
     if error.code is grpc.StatusCode.UNAUTHENTICATED:
-        return (f"reward server {where} refused the call ({status}); set ${TOKEN_ENV} (or "
-                "--token) to the server's server.auth_token")
+        how = f"${TOKEN_ENV} (or {token_flag})" if token_flag else f"${TOKEN_ENV}"
+        return f"reward server {where} refused the call ({status}); set {how} to the server's server.auth_token"
     return f"reward server {where} answered Info with {status}"
 
 
 async def probe(
     target: Target, *, token: str | None = None, timeout_s: float = PROBE_TIMEOUT_S,
     address_flag: str = "--reward-server", timeout_flag: str | None = "--probe-timeout-s",
+    token_flag: str | None = None,
 ) -> d.ServerInfo:
     """The server's Info within ``timeout_s`` (one call, waiting for a starting server), or
     :class:`ServerUnreachable` with a one-line message."""
@@ -81,7 +83,7 @@ async def probe(
             return await client.info()
     except RewardCallError as e:
         line = describe(target, e, address_flag=address_flag, timeout_flag=timeout_flag,
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, token_flag=token_flag)
         raise ServerUnreachable(e.method, e.code, e.details, attempts=e.attempts, line=line) from None
     except ValueError as e:  # a malformed address (channel_target)
         raise ServerUnreachable("Info", grpc.StatusCode.INVALID_ARGUMENT, str(e), attempts=0,
