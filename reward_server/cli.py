@@ -399,7 +399,8 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | 
     if isinstance(exc, ConfigError | ServerUnreachable):
         return str(exc), 2
     if isinstance(exc, RewardCallError):
-        return f"{exc}{_hint(exc, args)}", 2 if exc.code.name in USER_CODES else 1
+        user = exc.code.name in USER_CODES and args.command != "health"  # health: 1 = not serving
+        return f"{exc}{_hint(exc, args)}", 2 if user else 1
     if isinstance(exc, RewardServerError):
         return str(exc), 1
     if isinstance(exc, ValueError) and getattr(args, "command", None) == "eval":
