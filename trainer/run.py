@@ -271,6 +271,11 @@ def model_problem(model: str | None) -> str | None:
         return None
     if model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith("/"):
         return f"--model {model}: no such folder; give a Hugging Face model folder or id (org/name)"
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return (f"--model {model}: not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
+                "download it first (`hf download MODEL`) or give a local model folder")
     return None
 
 
