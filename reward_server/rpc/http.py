@@ -99,8 +99,9 @@ async def no_route(request: Request, exc: Exception) -> Response:
         message = f"{request.method} {path} is not allowed; use {allowed}"
         code = "UNIMPLEMENTED"
     else:
-        message = (f"no route {path}; the routes are POST {', '.join(METHODS)}, "
-                   "GET /v1/info, GET /v1/health, POST /openrlhf/reward")
+        routes = [f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}"
+                  for r in request.app.routes if isinstance(r, Route) and r.methods]
+        message = f"no route {path}; the routes are {', '.join(routes)}"
         code = "NOT_FOUND"
     return json_response({"error": {"code": status, "status": code, "message": message}},
                          status, headers)
@@ -182,13 +183,15 @@ class HttpDoor:
             Route("/v1/health", self._health, methods=["GET"]),
             Route("/openrlhf/reward", self._openrlhf, methods=["POST"]),
         ]
-        self.routes = Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
+        self.routes = Starlette(routes=routes)
         http = settings.http
         self.host = http.host or settings.host
         self._socket = self._bind(self.host, http.port or 0)
         self.port: int = self._socket.getsockname()[1]
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
+        for status in (404, 405):  # in the JSON error envelope, like every other error
+            self.routes.add_exception_handler(status, no_route)
 
     @staticmethod
     def _bind(host: str, port: int) -> socket.socket:
