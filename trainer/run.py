@@ -210,10 +210,13 @@ def main_verl(args: argparse.Namespace, overrides: list[str]) -> int:
         verl_runner.check_inputs(config)
         verl_runner.check(config, args.preset)
         provenance = early or verl_runner.probe(config, timeout_s=args.probe_timeout_s)
-        path.mkdir(parents=True, exist_ok=True)
-        print(f"run directory: {path}", flush=True)
-        verl_runner.run(args.preset, overrides, run_dir=path, provenance=provenance)
     except (ConfigError, ServerUnreachable, ConfigCompositionException, OmegaConfBaseException) as e:
+        raise UserError(one_line(str(e))) from None
+    path.mkdir(parents=True, exist_ok=True)
+    print(f"run directory: {path}", flush=True)
+    try:  # verl's own errors while training keep their traceback
+        verl_runner.run(args.preset, overrides, run_dir=path, provenance=provenance)
+    except ConfigError as e:
         raise UserError(one_line(str(e))) from None
     plot_verl(args.preset, overrides, path)
     print(f"checkpoints: {path / 'checkpoints'}\nrun log:     {path / 'run_log.jsonl'}\n"
