@@ -171,14 +171,9 @@ class RayEngines(Engines):
         try:
             attached = [] if self._settings.deploy else [
                 self.app_name("judge"), *([self.app_name("nli")] if self._ray_nli else [])]
-            # Serve's own shutdown is left out when this process's Ray goes too: the applications
-            # are deleted above (replicas drained, engines closed) and ray.shutdown() stops the
-            # controller with the rest. serve.shutdown() would end with the controller killing
-            # itself (ray.kill, as Serve 2.60 does it) while its graceful_shutdown call and this
-            # process's long poll (listen_for_change) are pending; the raylet then reports both
-            # to the driver as two "(raylet) Task ServeController.... failed ... killed by
-            # `ray.kill`" lines on stdout on every clean Ctrl-C.
             _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
+            if self._owns_ray:
+                _blocking(serve.shutdown)
         finally:
             if self._owns_ray or self._connected_ray:
                 ray.shutdown()
