@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from reward_server import __version__
 from reward_server.config import RewardServerConfig, load_config
@@ -42,6 +42,9 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="127.0.0.1:50051", help="server host:port")
     p.add_argument("--token", default=None, help="bearer token (default: $REWARD_SERVER_TOKEN)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-call deadline in seconds")
+    p.add_argument("--probe-timeout-s", type=float, default=10.0,
+                   help="the first check that the server is there (one Info call) gives up after "
+                   "this many seconds")
 
 
 def _load(args: argparse.Namespace, extra: Sequence[str] = ()) -> RewardServerConfig:
@@ -113,6 +116,16 @@ def _client(args: argparse.Namespace) -> Any:
     return AsyncRewardClient(args.target, token=token, timeout_s=args.timeout)
 
 
+def _probe(args: argparse.Namespace) -> Any:
+    """The server's Info within --probe-timeout-s: a server that is not there (or refuses the
+    token) fails the command in seconds with one line, not after --timeout."""
+    from reward_server.integrations.probe import probe
+
+    token = args.token or os.environ.get("REWARD_SERVER_TOKEN")
+    return asyncio.run(probe(args.target, token=token, timeout_s=args.probe_timeout_s,
+                             address_flag="--target", token_flag="--token"))
+
+
 def cmd_health(args: argparse.Namespace) -> int:
     async def run() -> str:
         async with _client(args) as c:
@@ -124,31 +137,26 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    async def run() -> Any:
-        async with _client(args) as c:
-            return await c.info()
-
     from reward_server.rpc import jsonmap
     from reward_server.rpc.convert import info_to_proto
 
-    print(json.dumps(jsonmap.to_dict(info_to_proto(asyncio.run(run()))), indent=2))
+    print(json.dumps(jsonmap.to_dict(info_to_proto(_probe(args))), indent=2))
     return 0
 
 
 def _read_items(path: Path) -> Iterator[tuple[int, Any]]:
-    from google.protobuf import json_format
-
     from reward_server._proto.reward.v1 import reward_pb2 as pb
+    from reward_server.rpc import jsonmap
     from reward_server.rpc.convert import item_from_proto
 
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            try:
-                msg = json_format.Parse(line, pb.ScoreItem())
+            try:  # jsonmap: its errors name the fields as the docs do (policy_output)
+                msg = jsonmap.parse(pb.ScoreItem, line, what="reward.v1.ScoreItem")
                 yield lineno, item_from_proto(msg, lineno - 1)
-            except (json_format.ParseError, RewardServerError) as e:
+            except RewardServerError as e:
                 raise InputLineError(f"{path}:{lineno}: {e}") from None
 
 
@@ -168,6 +176,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     except InputLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    _probe(args)
     out: TextIO = sys.stdout
     tmp: Path | None = None
     if args.output is not None:  # written to a temp file, renamed into place only on success
@@ -185,8 +194,9 @@ def cmd_score(args: argparse.Namespace) -> int:
                 except RewardCallError as e:
                     m = re.search(r"items\[(\d+)\]", e.details)
                     where = f"{args.input}:{chunk[int(m.group(1))][0]}: " if m else ""
-                    print(f"error: {where}{e.code.name}: {e.details}", file=sys.stderr)
-                    return 1
+                    print(f"error: {where}{e.code.name}: {e.details}{_hint(e, args)}",
+                          file=sys.stderr)
+                    return 2 if e.code.name in USER_CODES else 1
                 for r in results:
                     out.write(json.dumps(jsonmap.to_dict(result_to_proto(r))) + "\n")
                 if bar is not None:
@@ -230,15 +240,20 @@ def cmd_induce(args: argparse.Namespace) -> int:
             return await c.induce_rubrics(history, task=Task(args.task),
                                           num_samples=args.samples, seed=args.seed)
 
-    result = asyncio.run(run())
-    print(json.dumps({"rules": list(result.rules), "covered": result.covered,
-                      "best_attempt": result.best_attempt}, indent=2))
+    from reward_server.rpc import jsonmap
+    from reward_server.rpc.convert import induction_to_proto
+
+    _probe(args)
+    # what the HTTP route answers: the rules and every attempt with its invalid_reason
+    print(json.dumps(jsonmap.to_dict(induction_to_proto(asyncio.run(run()))), indent=2))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from reward_server.rpc import jsonmap
     from reward_server.rpc.convert import verification_to_proto
+
+    _probe(args)
 
     async def run() -> Any:
         async with _client(args) as c:
@@ -271,7 +286,11 @@ class _Help(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """Every (sub)command shows its defaults in --help and takes --debug."""
+    """Every (sub)command shows its defaults in --help and takes --debug; a usage mistake is
+    one line on stderr (exit 2), not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Help)
@@ -357,20 +376,35 @@ def _register_eval(eval_sub: Any) -> None:
     eval_nli.register(eval_sub)
 
 
-def _explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | None:
-    """One line (what, why, how to fix) and the exit code for a failure a user can fix;
-    None for anything else (a bug: the traceback is shown)."""
-    from reward_server.client import RewardCallError
+USER_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "INVALID_ARGUMENT"})
 
-    if isinstance(exc, ConfigError):
+
+def _hint(exc: Any, args: argparse.Namespace) -> str:
+    """The fix for a call's status a user can act on ('' for the rest)."""
+    target = getattr(args, "target", "the server")
+    if exc.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        return f"; is the server running at {target}? (--target host:port)"
+    if exc.code.name == "UNAUTHENTICATED":
+        return ("; pass the server's server.auth_token with --token or $REWARD_SERVER_TOKEN")
+    return ""
+
+
+def _explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | None:
+    """One line (what, why, how to fix) and the exit code for a failure a user can fix
+    (2: a mistake to fix, 1: the server failed); None for anything else (a bug: the traceback
+    is shown)."""
+    from reward_server.client import RewardCallError
+    from reward_server.integrations.probe import ServerUnreachable
+
+    if isinstance(exc, ConfigError | ServerUnreachable):
         return str(exc), 2
     if isinstance(exc, RewardCallError):
-        target = getattr(args, "target", "the server")
-        hint = (f"; is the server running at {target}? (--target host:port)"
-                if exc.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else "")
-        return f"{exc}{hint}", 1
+        user = exc.code.name in USER_CODES and args.command != "health"  # health: 1 = not serving
+        return f"{exc}{_hint(exc, args)}", 2 if user else 1
     if isinstance(exc, RewardServerError):
         return str(exc), 1
+    if isinstance(exc, ValueError) and getattr(args, "command", None) == "eval":
+        return " ".join(str(exc).split()), 2  # the eval readers name the file, line and fix
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}; check the path and its permissions", 2
     if isinstance(exc, ConnectionError):

@@ -14,6 +14,7 @@ component of the part's own kind under ``part{j}.``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -157,3 +158,22 @@ def info() -> dict[str, tuple[ComponentInfo, ...]]:
         kind.value: tuple(ComponentInfo(c.name, c.meaning) for c in comps)
         for kind, comps in COMPONENTS.items()
     }
+
+
+MASK_SUFFIX = "_mask"
+
+
+def with_masks(names: Sequence[str], values: Mapping[str, float]) -> dict[str, float]:
+    """Per name, the sample's value and ``<name>_mask``: 1.0 and the value when the sample has
+    a finite one, 0.0 and 0.0 when it has none (the component does not apply, e.g. after a
+    policy-invalid output). For logs that frameworks average with a plain mean and that need
+    the same keys on every sample (verl's ``reward_extra_info``, OpenRLHF's ``extra_logs``):
+    every value is finite, and ``mean(name) / mean(name_mask)`` is the mean over the samples
+    the component applies to."""
+    out: dict[str, float] = {}
+    for name in names:
+        value = values.get(name)
+        ok = value is not None and math.isfinite(value)
+        out[name] = float(value) if ok and value is not None else 0.0
+        out[name + MASK_SUFFIX] = 1.0 if ok else 0.0
+    return out

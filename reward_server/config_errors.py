@@ -190,4 +190,6 @@ def format_errors(
             if err["type"] != "missing" and "input" in err:
                 line += f" (got {_shown(err['input'])})"
         lines.append(line)
+    if len(lines) == 2:  # one problem, one line
+        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)

@@ -41,7 +41,8 @@ def reward_rows(log_path: Path) -> list[dict[str, float]]:
             out = {"step": float(row.get("step", len(rows) + 1)), "reward": float(reward),
                    "reward_std": float(std) if isinstance(std, int | float) else 0.0}
             out.update({k: float(v) for k, v in data.items() if k.startswith("reward/")
-                        and k.split("/", 1)[1] not in NOT_COMPONENTS and isinstance(v, int | float)
+                        and k.split("/", 1)[1] not in NOT_COMPONENTS and not k.endswith("_mask")
+                        and isinstance(v, int | float)
                         and math.isfinite(v)})
             rows.append(out)
     return rows

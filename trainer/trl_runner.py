@@ -24,7 +24,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from reward_server.client import RetryBudget, RewardClient
+from reward_server.client import RetryBudget
+from reward_server.integrations.probe import PROBE_TIMEOUT_S, probe_blocking
 from reward_server.integrations.trl import RewardServerReward
 from trainer.data.prepare import check_prepared
 from trainer.run_log import data_kinds, jsonl_callback, plot_rewards, plot_title
@@ -58,6 +59,8 @@ class TrlRunSettings:
     gradient_checkpointing: bool = False  # trades compute for memory; off for small models
     prefetch_reward: bool = True  # start the Score call right after generation (same rewards)
     resume: bool = False
+    probe_timeout_s: float = PROBE_TIMEOUT_S  # the start-up Info call's own deadline
+    provenance: dict[str, Any] | None = None  # the server's Info, when the caller probed already
 
 
 def pick_device(device: str) -> str:
@@ -106,9 +109,11 @@ def grpo_config(s: TrlRunSettings, device: str) -> Any:
 
 
 def fetch_provenance(s: TrlRunSettings) -> dict[str, Any]:
-    """The server's Info, logged (an unreachable server fails here, before the model loads)."""
-    with RewardClient(s.reward_server, token=s.token, retry=s.retry) as client:
-        info = client.info()
+    """The server's Info, logged (an unreachable server fails here within
+    ``s.probe_timeout_s``, before the model loads: :class:`ServerUnreachable`, one line)."""
+    if s.provenance is not None:
+        return s.provenance
+    info = probe_blocking(s.reward_server, token=s.token, timeout_s=s.probe_timeout_s)
     logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
                 info.api_version, info.server_version, info.judge_model, info.nli_model,
                 dict(info.template_versions))
@@ -174,7 +179,8 @@ def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
 
         model = str(local_smollm2_path())
     reward = RewardServerReward(s.reward_server, token=s.token, retry=s.retry,
-                                mask_infra_failures=s.mask_infra_failures)
+                                mask_infra_failures=s.mask_infra_failures,
+                                probe_timeout_s=s.probe_timeout_s)
     log_path = Path(s.output_dir) / "run_log.jsonl"
     trainer = trainer_class(model=model, reward_funcs=[reward], args=grpo_config(s, device),
                           train_dataset=load_trl_dataset(s.data),

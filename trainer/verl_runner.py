@@ -157,9 +157,15 @@ def validate(config: Any) -> None:
 def check(config: Any, preset: str, config_dir: Path = CONFIG_DIR) -> None:
     """Our checks, then verl's; raise :class:`ConfigError` listing every problem found."""
     found = problems(config, preset, config_dir)
+    if len(found) == 1:  # one problem, one line
+        raise ConfigError(f"verl config of preset {preset!r}: {found[0]}")
     if found:
         raise ConfigError("verl config of preset {!r}:\n  - {}".format(preset, "\n  - ".join(found)))
-    validate(config)
+    try:
+        validate(config)
+    except (ValueError, AssertionError) as e:  # verl's own checks raise these
+        raise ConfigError(f"verl config of preset {preset!r} (verl's validate_config): "
+                          f"{' '.join(str(e).split())}") from None
 
 
 def _job_env_vars() -> dict[str, str]:
@@ -219,28 +225,62 @@ def retry_budget(config: Any) -> Any:
     return RetryBudget(**{k: v for k, v in kw.items() if k in fields and v is not None})
 
 
-def log_provenance(config: Any, run_dir: Path) -> dict[str, Any]:
-    """Ask the reward server for its ``Info``, log it and write ``provenance.json`` (before
-    verl starts: an unreachable server fails the run here, in seconds, not after model loading)."""
-    from reward_server.client import RewardClient
+def check_inputs(config: Any) -> None:
+    """The data files a run reads exist (remote ``scheme://`` paths are left to verl), and a
+    local policy model folder holds a model: :class:`ConfigError` (one line) otherwise."""
+    for key in ("train_files", "val_files"):
+        value = config.data.get(key)
+        files = [] if value is None else [value] if isinstance(value, str) else [str(f) for f in value]
+        for f in files:
+            if "://" not in f and not Path(f).expanduser().is_file():
+                raise ConfigError(f"data.{key}: {f} does not exist; prepare it with `python -m "
+                                  f"trainer.data.prepare --out DIR` and pass data.{key}=DIR/...parquet")
+    model = str(config.actor_rollout_ref.model.path)
+    if model.startswith(("/", ".", "~")) and not (Path(model).expanduser() / "config.json").is_file():
+        raise ConfigError(f"actor_rollout_ref.model.path: {model} holds no Hugging Face model "
+                          "(no config.json); pass a model folder or id")
 
+
+def _address_and_token(config: Any) -> tuple[str, str | None]:
     kw = dict(config.reward.custom_reward_function.get("reward_kwargs") or {})
     address = kw.get("reward_server") or os.environ.get("REWARD_SERVER_ADDRESS")
     if not address:
         raise ConfigError("no reward server address: pass --reward-server HOST:PORT (or set "
                           "$REWARD_SERVER_ADDRESS)")
     token = os.environ.get(str(kw.get("token_env") or "REWARD_SERVER_TOKEN")) or None
-    with RewardClient(str(address), token=token, retry=retry_budget(config)) as client:
-        info = client.info()
-    provenance = {"reward_server": str(address), **dataclasses.asdict(info)}
+    return str(address), token
+
+
+def probe(config: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
+    """The reward server's ``Info`` as provenance, asked once with the start-up probe's own
+    deadline (``timeout_s``, else ``reward_kwargs.probe_timeout_s``, else 10 s): an unreachable
+    server fails here, in seconds, with one line (:class:`ServerUnreachable`)."""
+    from reward_server.integrations.probe import PROBE_TIMEOUT_S, address_problem, probe_blocking
+
+    address, token = _address_and_token(config)
+    problem = address_problem(address)
+    if problem:
+        raise ConfigError(problem)
+    kw = dict(config.reward.custom_reward_function.get("reward_kwargs") or {})
+    timeout = timeout_s if timeout_s is not None else float(kw.get("probe_timeout_s") or PROBE_TIMEOUT_S)
+    info = probe_blocking(address, token=token, timeout_s=timeout)
+    return {"reward_server": address, **dataclasses.asdict(info)}
+
+
+def log_provenance(config: Any, run_dir: Path, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``provenance.json`` (the reward server's ``Info``: :func:`probe` unless given),
+    before verl starts: an unreachable server fails the run here, not after model loading."""
+    provenance = provenance if provenance is not None else probe(config)
     (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2, default=str))
     logger.info("reward provenance: api %s server %s judge %s nli %s templates %s",
-                info.api_version, info.server_version, info.judge_model, info.nli_model,
-                dict(info.template_versions))
+                provenance.get("api_version"), provenance.get("server_version"),
+                provenance.get("judge_model"), provenance.get("nli_model"),
+                provenance.get("template_versions"))
     return provenance
 
 
-def run(preset: str, overrides: Sequence[str], *, run_dir: Path) -> None:
+def run(preset: str, overrides: Sequence[str], *, run_dir: Path,
+        provenance: dict[str, Any] | None = None) -> None:
     """Compose, check and train with verl (GPU cluster or node; see the README recipe)."""
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
@@ -249,7 +289,7 @@ def run(preset: str, overrides: Sequence[str], *, run_dir: Path) -> None:
     auto_set_device(config)
     check(config, preset)
     configure_run(config, run_dir)
-    log_provenance(config, run_dir)
+    log_provenance(config, run_dir, provenance)
     runner: Any
     if config.trainer.use_v1:
         from verl.trainer import main_ppo

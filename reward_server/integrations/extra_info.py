@@ -25,7 +25,8 @@ would keep a second contract alive.
 Also the fixed component keys each kind reports to a trainer, read from the server's one
 declaration (:mod:`reward_server.components`): verl builds its per-sample metric arrays from the
 FIRST result's keys, so every result of a run must carry the same keys. A component the server
-did not compute (e.g. after a policy-invalid output) is NaN.
+did not compute (e.g. after a policy-invalid output) is 0.0 with its ``<name>_mask`` 0.0
+(:func:`reward_server.components.with_masks`), never NaN.
 """
 
 from __future__ import annotations

@@ -16,7 +16,13 @@ loop, concurrently with its other async reward functions. Each call sends ONE Sc
 holding every completion of the generation batch. It logs, through TRL's ``log_metric``, the
 mean of each of the reward kind's components (``reward/s_target``, ``reward/gamma``, ...), the
 share of policy-invalid outputs (``reward/policy_invalid``), of masked samples
-(``reward/masked``) and the seconds the trainer waited for the rewards (``reward/wait_s``).
+(``reward/masked``) and the seconds the trainer waited for the rewards (``reward/wait_s``). A
+component is averaged over the completions it applies to (a policy-invalid output computes
+none): never NaN; a component no completion of the batch has is not logged for that batch.
+
+Unless masking, the first call probes the server once (``Info`` within ``probe_timeout_s``, 10 s
+by default): a server that is not there fails it in seconds, with one line naming the address,
+the status and the fix.
 
 Prefetch (reward off the critical path): a trainer may call :meth:`RewardServerReward.prefetch`
 as soon as a batch's completions exist (``trainer.trl_runner`` does, right after generation);
@@ -43,6 +49,7 @@ from typing import Any
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
 from reward_server.domain import ItemResult, ItemStatus
 from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
+from reward_server.integrations.probe import PROBE_TIMEOUT_S, probe
 
 logger = logging.getLogger(__name__)
 EXTRA_INFO_COLUMN = "extra_info_json"
@@ -91,6 +98,7 @@ class RewardServerReward:
         extra_info_column: str = EXTRA_INFO_COLUMN,
         metric_prefix: str = "reward/",
         name: str = "reward_server",
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.__name__ = name  # TRL's name for the function in its logs
         self.target = target
@@ -103,6 +111,8 @@ class RewardServerReward:
         self.history: list[dict[str, float]] = []
         self.wait_s: list[float] = []
         self.masked = 0
+        self.probe_timeout_s = probe_timeout_s
+        self._probed = False
         self._client: AsyncRewardClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefetched: _Prefetch | None = None
@@ -140,6 +150,7 @@ class RewardServerReward:
                  for i, (r, t) in enumerate(zip(rows, texts, strict=True))]
         self.calls.append(len(items))
         log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+        await self._probe_once()
         start = time.perf_counter()
         try:
             results = await self._client_here().score(items)
@@ -187,6 +198,16 @@ class RewardServerReward:
         logger.warning("reward prefetch was for other completions; scoring these now")
         pending.future.cancel()
         return None
+
+    async def _probe_once(self) -> None:
+        """The start-up probe before the first call: a server that is not there fails within
+        ``probe_timeout_s`` with one line (:class:`ServerUnreachable`), not after the call's
+        ``retry.deadline_s`` (not with ``mask_infra_failures``: the call's own budget decides)."""
+        if self._probed or self.mask_infra_failures:  # masking rides out an absent server
+            return
+        await probe(self.target, token=self.token, timeout_s=self.probe_timeout_s,
+                    address_flag="RewardServerReward's target as", timeout_flag="probe_timeout_s")
+        self._probed = True
 
     def _log(self, means: dict[str, float], log_metric: Callable[[str, float], None] | None) -> None:
         self.history.append(means)

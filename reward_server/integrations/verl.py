@@ -29,7 +29,13 @@ finished rollout, and merged calls cost the server a fraction of the CPU per ite
 
 The result is a dict with fixed keys (verl builds its metric
 arrays from the first result's keys): ``score``, ``policy_invalid``, ``reward_masked`` and the
-kind's components (a component the server did not report is NaN).
+kind's components, each with ``<name>_mask`` (a component the server did not compute for
+this sample, e.g. after a policy-invalid output, is 0.0 with mask 0.0: every value is finite,
+since verl averages them with ``np.mean``; the valid-only mean is ``mean(name) / mean(name_mask)``).
+
+Unless ``mask_infra_failures`` is on, the first call of a process probes the server once
+(``Info``, ``probe_timeout_s``, 10 s by default): a server that is not there fails it in seconds
+with one line naming the address, the status and the fix, instead of after ``deadline_s``.
 
 An infrastructure failure never becomes a score. By default the call raises with the server's
 status and message; verl 0.9.1's v1 trainer treats that as a failed rollout: it logs the error,
@@ -58,9 +64,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reward_server import components
 from reward_server.client import AsyncRewardClient, CoalesceSettings, RetryBudget, RewardCallError
 from reward_server.domain import ItemResult, ItemStatus
 from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
+from reward_server.integrations.probe import PROBE_TIMEOUT_S, ServerUnreachable, probe
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +83,8 @@ _VERL_CALL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"
 # which would get clients whose channels belong to the dead loop); a closed loop's entry is
 # dropped when the next loop makes its first client. Then per (server, token, budget).
 _clients: dict[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncRewardClient]] = {}
+# the start-up probe, once per (server, token, event loop) (the loop itself, as above)
+_probes: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
 _lock = threading.Lock()
 _counts = {"scored": 0, "policy_invalid": 0, "masked": 0}
 
@@ -104,21 +114,47 @@ def _client(
 
 
 def result_to_dict(kind: str, result: ItemResult) -> dict[str, float]:
-    """The fixed-key dict verl logs for one scored sample."""
+    """The fixed-key dict verl logs for one scored sample: every value finite. A component the
+    server did not compute for this sample (e.g. after a policy-invalid output) is 0.0 with
+    ``<name>_mask`` 0.0 (:func:`reward_server.components.with_masks`): verl averages these with
+    ``np.mean`` and needs the same keys on every sample, so the valid-only mean of a component
+    over a batch is ``mean(name) / mean(name_mask)``."""
     assert result.reward is not None, "an OK/POLICY_INVALID result always carries a reward"
     out = {"score": float(result.reward),
            "policy_invalid": 1.0 if result.status is ItemStatus.POLICY_INVALID else 0.0,
            "reward_masked": 0.0}
-    for key in COMPONENT_KEYS.get(kind, ()):
-        value = result.components.get(key)
-        out[key] = float(value) if value is not None else math.nan
+    out.update(components.with_masks(COMPONENT_KEYS.get(kind, ()), result.components))
     return out
 
 
 def masked_dict(kind: str) -> dict[str, float]:
+    """A sample masked after an infrastructure failure: ``score`` NaN (what ``grpo_masked``
+    leaves out), ``reward_masked`` 1, every component absent (0.0, mask 0.0)."""
     out = {"score": math.nan, "policy_invalid": 0.0, "reward_masked": 1.0}
-    out.update({k: math.nan for k in COMPONENT_KEYS.get(kind, ())})
+    out.update(components.with_masks(COMPONENT_KEYS.get(kind, ()), {}))
     return out
+
+
+async def _probe_once(address: str, token: str | None, timeout_s: float) -> None:
+    """The start-up probe, once per (server, event loop): the first call of a run fails within
+    ``probe_timeout_s`` with one line (:class:`~reward_server.integrations.probe.ServerUnreachable`)
+    instead of waiting out the call's ``deadline_s``; concurrent first calls share it."""
+    key = (address, token, asyncio.get_running_loop())
+    with _lock:
+        for dead in [k for k in _probes if k[2].is_closed()]:
+            del _probes[dead]
+        task = _probes.get(key)
+        if task is None:
+            task = _probes[key] = asyncio.ensure_future(probe(address, token=token, timeout_s=timeout_s,
+                                                              address_flag="reward_kwargs.reward_server",
+                                                              timeout_flag="reward_kwargs.probe_timeout_s"))
+    try:
+        await asyncio.shield(task)
+    except ServerUnreachable:
+        with _lock:
+            if _probes.get(key) is task:
+                del _probes[key]  # the next call probes again
+        raise
 
 
 async def compute_score(
@@ -135,6 +171,7 @@ async def compute_score(
     mask_infra_failures: bool = False,
     coalesce_window_ms: float = 1000 * CoalesceSettings.window_s,
     coalesce_max_items: int = CoalesceSettings.max_items,
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
     **verl_kwargs: Any,
 ) -> dict[str, float]:
     """Score one rollout on the reward server; see the module doc for the contract."""
@@ -158,7 +195,10 @@ async def compute_score(
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
     coalesce = (CoalesceSettings(window_s=coalesce_window_ms / 1000, max_items=coalesce_max_items)
                 if coalesce_max_items > 1 else None)
-    client = _client(address, os.environ.get(token_env) or None, budget, coalesce)
+    token = os.environ.get(token_env) or None
+    if not mask_infra_failures:  # masking rides out an absent server by design: no probe
+        await _probe_once(address, token, probe_timeout_s)
+    client = _client(address, token, budget, coalesce)
     try:
         (result,) = await client.score([item])
     except RewardCallError as e:

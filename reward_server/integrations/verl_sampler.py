@@ -40,6 +40,8 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
+from reward_server.components import MASK_SUFFIX
+
 logger = logging.getLogger(__name__)
 METRIC_PREFIX = "reward/"
 MASK_FIELDS = ("rm_scores", "response_mask", "loss_mask")
@@ -60,10 +62,14 @@ def reward_infos(batch: KVBatchMeta) -> list[dict[str, Any]]:
 
 
 def step_metrics(infos: Sequence[dict[str, Any]], prefix: str = METRIC_PREFIX) -> dict[str, float]:
-    """``prefix + key``: mean over the samples' finite numeric values of each key."""
+    """``prefix + key``: mean over the samples' finite numeric values of each key, leaving out
+    the samples whose ``<key>_mask`` is 0 (the component does not apply to them); the mask keys
+    themselves average to the share of samples a component applies to."""
     values: dict[str, list[float]] = {}
     for info in infos:
         for key, value in info.items():
+            if info.get(key + MASK_SUFFIX) == 0.0:
+                continue
             if isinstance(value, bool | int | float) and math.isfinite(float(value)):
                 values.setdefault(key, []).append(float(value))
     return {f"{prefix}{k}": sum(v) / len(v) for k, v in sorted(values.items()) if v}

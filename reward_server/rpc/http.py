@@ -90,6 +90,25 @@ def error_response(exc: BaseException) -> Response:
     return json_response(body, status, http_headers_for(exc))
 
 
+async def no_route(request: Request, exc: Exception) -> Response:
+    """404 (no such path) and 405 (not that method) in the door's JSON error envelope, with the
+    routes there are; gRPC's status as grpc-gateway answers them (NOT_FOUND, UNIMPLEMENTED)."""
+    status = getattr(exc, "status_code", 404)
+    headers = dict(getattr(exc, "headers", None) or {})
+    path = request.url.path
+    if status == 405:
+        allowed = headers.get("allow") or headers.get("Allow") or "another method"
+        message = f"{request.method} {path} is not allowed; use {allowed}"
+        code = "UNIMPLEMENTED"
+    else:
+        routes = [f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}"
+                  for r in request.app.routes if isinstance(r, Route) and r.methods]
+        message = f"no route {path}; the routes are {', '.join(routes)}"
+        code = "NOT_FOUND"
+    return json_response({"error": {"code": status, "status": code, "message": message}},
+                         status, headers)
+
+
 HEALTH_RESERVE = 16  # connections past server.http.max_connections that may only ask health
 
 
@@ -174,6 +193,8 @@ class HttpDoor:
         self.port: int = self._socket.getsockname()[1]
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
+        for status in (404, 405):  # in the JSON error envelope, like every other error
+            self.routes.add_exception_handler(status, no_route)
 
     @staticmethod
     def _bind(host: str, port: int) -> socket.socket:

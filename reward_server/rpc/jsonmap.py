@@ -9,6 +9,7 @@ json_format does. The HTTP/JSON door, the CLI's JSON output and the OpenRLHF lab
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
@@ -35,7 +36,7 @@ def parse(cls: type[M], body: bytes | str, what: str | None = None) -> M:
     except (json_format.ParseError, UnicodeDecodeError, ValueError) as e:
         name = what or f"reward.v1.{cls.DESCRIPTOR.name}"
         raise InvalidRequest(
-            f"the body is not a JSON {name} ({e}); send its proto3 JSON mapping"
+            f"the body is not a JSON {name} ({_proto_names(cls, str(e))}); send its proto3 JSON mapping"
         ) from None
 
 
@@ -55,5 +56,24 @@ def parse_dict(cls: type[M], data: Any, what: str) -> M:
         return json_format.ParseDict(data, cls())
     except (json_format.ParseError, ValueError) as e:
         raise InvalidRequest(
-            f"{what} is not a JSON reward.v1.{cls.DESCRIPTOR.name} ({e})"
+            f"{what} is not a JSON reward.v1.{cls.DESCRIPTOR.name} ({_proto_names(cls, str(e))})"
         ) from None
+
+
+_NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "([^"]*)" at "([^"]*)"\.?\s*'
+                       r"Available Fields\(except extensions\): \"\[[^\]]*\]\"")
+
+
+def _proto_names(cls: type[Message], text: str) -> str:
+    """json_format's parse error on one line, its list of a message's fields in the proto
+    names (``policy_output``; what the docs and our replies use), not the JSON names."""
+
+    def fields(m: re.Match[str]) -> str:
+        try:
+            desc = cls.DESCRIPTOR.file.pool.FindMessageTypeByName(m.group(1))
+        except KeyError:
+            return m.group(0)
+        names = ", ".join(f.name for f in desc.fields)
+        return f'{m.group(1)} has no field {m.group(2)!r} (at {m.group(3)}); its fields: {names}'
+
+    return " ".join(_NO_FIELD.sub(fields, text).split())

@@ -22,14 +22,16 @@ Here:
   part of a weighted one), as for verl and TRL;
 * ``rewards`` and ``scores`` are the items' rewards (a policy-invalid output gets
   ``service.policy_invalid_penalty``, as over gRPC), ``extra_logs`` the fixed components of the
-  items' reward kinds (:mod:`reward_server.components`) plus ``policy_invalid`` (0/1); a
-  component an item did not compute is NaN (JSON ``NaN``, which Python's json reads).
+  items' reward kinds (:mod:`reward_server.components`), each with ``<name>_mask``, plus
+  ``policy_invalid`` (0/1). Every value is finite: a component an item did not compute (a
+  policy-invalid output) is 0.0 with its mask 0.0 (OpenRLHF 0.11 averages each list with a
+  plain ``.mean()``, so a NaN would turn the step's metric NaN; the mean over the samples it
+  applies to is ``mean(name) / mean(name_mask)``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,9 +144,9 @@ def reply(request: pb.ScoreRequest, response: pb.ScoreResponse) -> dict[str, Any
     for item in request.items:
         names += [n for n in _names(item) if n not in names]
     rewards = [r.reward for r in response.results]
+    per_sample = [components.with_masks(names, r.components) for r in response.results]
     logs: dict[str, list[float]] = {
-        n: [r.components[n] if n in r.components else math.nan for r in response.results]
-        for n in names
+        key: [sample[key] for sample in per_sample] for key in (per_sample[0] if per_sample else {})
     }
     logs["policy_invalid"] = [
         1.0 if r.status == pb.ITEM_STATUS_POLICY_INVALID else 0.0 for r in response.results

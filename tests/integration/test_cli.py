@@ -74,7 +74,7 @@ def test_score_bad_lines_name_the_line(served, tmp_path) -> None:
     semantic.write_text('{"id": "a", "nli_constraints": {"response": "r", "answer": "a", "preference": "p"}}\n'
                         '{"id": "b", "nli_constraints": {"response": "r", "answer": "", "preference": "p"}}\n')
     out = run_cli("score", "--target", target, "--input", str(semantic))
-    assert out.returncode == 1
+    assert out.returncode == 2  # INVALID_ARGUMENT: the input is the user's to fix
     assert f"{semantic}:2: INVALID_ARGUMENT" in out.stderr and "answer: must not be empty" in out.stderr
 
 
@@ -155,7 +155,7 @@ def test_score_output_is_written_whole_or_not_at_all(served, tmp_path) -> None:
     dest = tmp_path / "out" / "results.jsonl"
     out = run_cli("score", "--target", target, "--input", str(src), "--output", str(dest),
                   "--batch-size", "1")
-    assert out.returncode == 1 and not dest.exists()  # the first chunk succeeded, still nothing
+    assert out.returncode == 2 and not dest.exists()  # the first chunk succeeded, still nothing
     assert not list(dest.parent.iterdir())  # and no partial file left behind
     src.write_text("".join(good.replace('"a"', f'"a{i}"', 1) for i in range(3)))
     assert run_cli("score", "--target", target, "--input", str(src), "--output", str(dest),

@@ -13,6 +13,7 @@ import pytest
 from reward_server import domain as d
 from reward_server.backends.fake import FakeJudge
 from reward_server.client import CoalesceSettings, RewardCallError
+from reward_server.integrations.extra_info import extra_info
 
 from .conftest import running_server
 
@@ -82,8 +83,8 @@ async def test_a_large_call_is_sent_alone_and_a_server_error_reaches_every_merge
     assert len({id(o) for o in out}) == 3  # each caller raises its own copy
 
 
-NLI_ROW = {"kind": "nli_constraints", "answer": "Paris capital", "preference": "museums",
-           "user_id": "u1", "index": 0}
+NLI_ROW = extra_info(d.NliConstraintsSpec(response="", answer="Paris capital", preference="museums"),
+                     user_id="u1", index=0)
 
 
 async def test_verls_concurrent_compute_score_calls_merge_on_one_client() -> None:

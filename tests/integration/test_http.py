@@ -164,7 +164,7 @@ async def test_openrlhf_bad_label_is_400_naming_the_sample(server: Running) -> N
     url = f"{_base(server)}/openrlhf/reward"
     good = json.dumps({"rubric_score": {"rules": list(RULES)}})
     for label, says in [("", "label is empty"), ("{not json", "not JSON"),
-                        (json.dumps({"nope": 1}), "no field named"),
+                        (json.dumps({"nope": 1}), "no field 'nope'"),
                         (json.dumps({"id": "x"}), "sets no reward kind"),
                         (json.dumps({"rubric_score": {"text": "t", "rules": ["r"]}}),
                          "rubric_score.text is set")]:
@@ -232,7 +232,7 @@ async def test_auth_is_the_grpc_token(server: Running) -> None:
 
 async def test_invalid_bodies_are_400(server: Running) -> None:
     url = f"{_base(server)}/v1/score"
-    for body, says in [({"items": []}, "batch is empty"), ({"itemz": []}, "no field named"),
+    for body, says in [({"items": []}, "batch is empty"), ({"itemz": []}, "no field 'itemz'"),
                        ({"items": [{"id": "a", "rubric_score": {"text": "t"}}]}, "rules")]:
         status, _, reply = await _request("POST", url, body, AUTH)
         assert status == 400 and reply["error"]["status"] == "INVALID_ARGUMENT", reply
@@ -327,3 +327,20 @@ async def test_a_large_body_is_parsed_off_the_loop_with_the_same_answer(server: 
     assert status == 200, reply
     assert [r["id"] for r in reply["results"]] == [f"i{i}" for i in range(8)]
     assert all(r["status"] == "ITEM_STATUS_OK" for r in reply["results"])
+
+
+async def test_unknown_route_and_method_answer_the_json_error_envelope(server: Running) -> None:
+    status, _, body = await _request("GET", f"{_base(server)}/v1/nope")
+    assert status == 404 and body["error"]["status"] == "NOT_FOUND", body
+    assert "/v1/score" in body["error"]["message"]  # the routes there are
+    status, headers, body = await _request("DELETE", f"{_base(server)}/v1/score", None, AUTH)
+    assert status == 405 and body["error"]["status"] == "UNIMPLEMENTED", body
+    assert headers.get("Allow") == "POST" and "use POST" in body["error"]["message"]
+
+
+async def test_a_misspelt_field_lists_the_fields_by_their_proto_names(server: Running) -> None:
+    body = {"items": [{"id": "a", "parl_reward": {"policy_outptu": "x"}}]}
+    status, _, reply = await _request("POST", f"{_base(server)}/v1/score", body, AUTH)
+    message = reply["error"]["message"]
+    assert status == 400 and "policy_output" in message and "policyOutput" not in message, message
+    assert "\n" not in message

@@ -48,12 +48,13 @@ async def test_trl_reward_masks_or_raises_with_the_servers_status() -> None:
     prompts, extra = trl_batch("rubric_generator", 2)
     completions = [json.dumps([{"rule": "r"}])] * 2
     quick = RetryBudget(attempts=1, deadline_s=1.0)
-    masked = RewardServerReward("127.0.0.1:1", retry=quick, mask_infra_failures=True)
+    masked = RewardServerReward("127.0.0.1:1", retry=quick, mask_infra_failures=True,
+                                probe_timeout_s=1.0)
     logged: dict[str, list[float]] = defaultdict(list)
     assert await masked(prompts, completions, extra_info_json=extra,
                         log_metric=lambda k, v: logged[k].append(v)) == [None, None]
     assert masked.masked == 2 and logged["reward/masked"] == [1.0]
-    strict = RewardServerReward("127.0.0.1:1", retry=quick)
+    strict = RewardServerReward("127.0.0.1:1", retry=quick, probe_timeout_s=1.0)
     with pytest.raises(RewardCallError) as e:
         await strict(prompts, completions, extra_info_json=extra)
     assert e.value.code.name == "UNAVAILABLE" and "Connection refused" in e.value.details

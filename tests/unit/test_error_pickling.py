@@ -59,15 +59,17 @@ def test_reward_call_error_keeps_code_details_and_attempts() -> None:
 
 
 def test_a_real_failed_call_from_compute_score_round_trips() -> None:
-    # nothing listens on port 1: the one attempt waits for the server until its deadline
+    # nothing listens on port 1: the start-up probe waits for the server until its deadline
     row = extra_info(NliConstraintsSpec(response="", answer="a", preference="p"), user_id="u1",
                      index=0)
     e = raised(rverl.compute_score("s", "text", None, row,
-                                   reward_server="127.0.0.1:1", attempts=1, deadline_s=1.0))
+                                   reward_server="127.0.0.1:1", attempts=1, deadline_s=1.0,
+                                   probe_timeout_s=1.0))
     assert isinstance(e, RewardCallError) and e.code is grpc.StatusCode.UNAVAILABLE
     back = round_trip(e)
-    assert isinstance(back, RewardCallError)
+    assert isinstance(back, RewardCallError) and type(back) is type(e)
     assert (back.code, back.details, back.attempts) == (e.code, e.details, 1)
+    assert str(back) == str(e) and "127.0.0.1:1 is not reachable" in str(e)
 
 
 @pytest.mark.parametrize(("kwargs", "kind"), [
@@ -91,7 +93,7 @@ def test_what_the_trl_reward_refuses_round_trips() -> None:
 
 @pytest.mark.parametrize("cls", all_subclasses(errors.RewardServerError), ids=lambda c: c.__name__)
 def test_every_error_of_the_taxonomy_round_trips(cls: type) -> None:
-    if cls is RewardCallError:
+    if issubclass(cls, RewardCallError):  # and the start-up probe's ServerUnreachable
         exc: BaseException = cls("Info", grpc.StatusCode.INTERNAL, "bug", attempts=1)
     elif cls is errors.Overloaded:
         exc = cls("queue full", retry_after_s=1.5)

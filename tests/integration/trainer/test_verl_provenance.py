@@ -31,7 +31,7 @@ def test_verl_run_stops_before_verl_starts_when_the_server_is_away(tmp_path) -> 
     with pytest.raises(RewardCallError) as e:
         verl_runner.run("rubric_generator", [
             "reward.custom_reward_function.reward_kwargs.reward_server=127.0.0.1:1",
-            "reward.custom_reward_function.reward_kwargs.deadline_s=1.5"], run_dir=tmp_path)
+            "reward.custom_reward_function.reward_kwargs.probe_timeout_s=1.5"], run_dir=tmp_path)
     assert e.value.method == "Info" and e.value.code.name == "UNAVAILABLE"
     assert time.monotonic() - start < 20
     assert (tmp_path / "provenance.json").exists() is False

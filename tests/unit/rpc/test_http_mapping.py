@@ -100,7 +100,7 @@ def test_malformed_bodies(payload: object, says: str) -> None:
         openrlhf.score_request(payload, end_markers=())
 
 
-def test_reply_has_the_kinds_fixed_components_and_nan_for_missing() -> None:
+def test_reply_has_the_kinds_fixed_components_and_a_mask_for_missing() -> None:
     request = openrlhf.score_request(
         {"query": ["p a", "p b"], "prompts": ["p", "p"],
          "labels": [json.dumps({"rubric_score": {"rules": ["r"]}}),
@@ -114,6 +114,8 @@ def test_reply_has_the_kinds_fixed_components_and_nan_for_missing() -> None:
     assert out["rewards"] == out["scores"] == [0.7, -1.0]
     logs = out["extra_logs"]
     assert "p_yes.0" not in logs  # indexed families vary per item: not logged
-    assert logs["mean_p_yes"][0] == 0.7 and math.isnan(logs["mean_p_yes"][1])
-    assert math.isnan(logs["s_correct"][0]) and logs["policy_invalid"] == [0.0, 1.0]
-    assert all(len(v) == 2 for v in logs.values())
+    # a component an item did not compute: 0.0 with its mask 0.0, never NaN
+    assert logs["mean_p_yes"] == [0.7, 0.0] and logs["mean_p_yes_mask"] == [1.0, 0.0]
+    assert logs["s_correct"] == [0.0, 0.0] and logs["s_correct_mask"] == [0.0, 0.0]
+    assert logs["policy_invalid"] == [0.0, 1.0]
+    assert all(len(v) == 2 and all(math.isfinite(x) for x in v) for v in logs.values())

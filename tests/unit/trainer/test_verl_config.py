@@ -149,3 +149,12 @@ def test_several_reward_server_addresses_reach_the_reward_kwargs_as_one_string(a
     config = verl_runner.compose("rubric_generator", run.verl_overrides(args, []))
     # one string, not a Hydra sweep; the client turns it into a round robin target
     assert config.reward.custom_reward_function.reward_kwargs.reward_server == address
+
+
+def test_check_config_prints_the_runs_absolute_checkpoint_dir_and_makes_nothing(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run.main(["--engine", "verl", "--check-config", "--output-dir", "rel", "--run-name", "r"]) == 0
+    assert f"default_local_dir: {tmp_path / 'rel' / 'r' / 'checkpoints'}" in capsys.readouterr().out
+    assert not (tmp_path / "rel").exists()
