@@ -13,6 +13,7 @@ import pytest
 from reward_server.client import RewardCallError
 from reward_server.domain import NliConstraintsSpec
 from reward_server.integrations.extra_info import ExtraInfoError, extra_info
+from reward_server.integrations.probe import ServerUnreachable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,18 +44,21 @@ def scorer(ray_session: Any) -> Any:
 
 
 def test_a_failed_reward_call_reaches_the_driver_as_reward_call_error(ray_session, scorer) -> None:
-    # nothing listens on port 1: the one attempt waits for the server until the deadline
-    ref = scorer.score.remote(ROW, reward_server="127.0.0.1:1", attempts=1, deadline_s=1.0)
+    # nothing listens on port 1: the first call's start-up probe (one Info call) fails within
+    # its own deadline, as a ServerUnreachable (a RewardCallError) with its one-line fix
+    ref = scorer.score.remote(ROW, reward_server="127.0.0.1:1", attempts=1, deadline_s=1.0,
+                              probe_timeout_s=1.0)
     with pytest.raises(RewardCallError) as err:
         ray_session.get(ref, timeout=120)
     e = err.value
     assert "UnserializableException" not in repr(e)
-    assert (e.method, e.code, e.attempts) == ("Score", grpc.StatusCode.UNAVAILABLE, 1)
-    assert "unreachable" in e.details and "127.0.0.1:1" in e.details
-    # Ray's wrapper (RayTaskError(RewardCallError)) holds the actor's exception itself
+    assert (e.method, e.code, e.attempts) == ("Info", grpc.StatusCode.UNAVAILABLE, 1)
+    assert "127.0.0.1:1" in e.details
+    # Ray's wrapper (RayTaskError(ServerUnreachable)) holds the actor's exception itself
     cause = e.cause  # type: ignore[attr-defined]
-    assert type(cause) is RewardCallError
-    assert str(cause).startswith("Score failed with UNAVAILABLE: server at 127.0.0.1:1 unreachable")
+    assert type(cause) is ServerUnreachable
+    assert str(cause).startswith("reward server 127.0.0.1:1 is not reachable within 1 s")
+    assert "\n" not in str(cause)
 
 
 def test_a_bad_row_reaches_the_driver_as_extra_info_error(ray_session, scorer) -> None:
