@@ -150,8 +150,8 @@ class RewardServerReward:
                  for i, (r, t) in enumerate(zip(rows, texts, strict=True))]
         self.calls.append(len(items))
         log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+        start = time.perf_counter()  # the whole call, its first-call probe included
         await self._probe_once()
-        start = time.perf_counter()
         try:
             results = await self._client_here().score(items)
         except RewardCallError as e:
