@@ -125,7 +125,8 @@ def test_verls_step_metrics_are_finite_and_carry_the_reward_components(probe, na
     assert metrics["critic/score/mean"] == pytest.approx(sum(valid) / len(valid), rel=1e-5)
     infos = [t["info"] for t in probe["batches"][name]]
     for key in ("s_target", "gamma", "n_valid", "policy_invalid", "reward_masked"):
-        vals = [i[key] for i in infos if math.isfinite(i[key])]
+        # over the samples the component applies to (its <key>_mask is not 0; no NaN sent)
+        vals = [i[key] for i in infos if math.isfinite(i[key]) and i.get(f"{key}_mask") != 0.0]
         assert metrics[f"reward/{key}"] == pytest.approx(sum(vals) / len(vals), rel=1e-6), key
     assert metrics["reward/reward_masked"] == (1 / 6 if name == "masked" else 0.0)
     assert metrics["reward/policy_invalid"] == pytest.approx(2 / 6 if name == "clean" else 1 / 6)
