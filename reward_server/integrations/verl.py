@@ -141,10 +141,10 @@ async def _probe_once(address: str, token: str | None, timeout_s: float) -> None
     instead of waiting out the call's ``deadline_s``; concurrent first calls share it."""
     key = (address, token, asyncio.get_running_loop())
     with _lock:
-        for dead in [k for k in _probes if k[2].is_closed()]:
-            del _probes[dead]
         task = _probes.get(key)
-        if task is None:
+        if task is None:  # a new (server, loop): drop closed loops' entries, as _client does
+            for dead in [k for k in _probes if k[2].is_closed()]:
+                del _probes[dead]
             task = _probes[key] = asyncio.ensure_future(probe(address, token=token, timeout_s=timeout_s,
                                                               address_flag="reward_kwargs.reward_server",
                                                               timeout_flag="reward_kwargs.probe_timeout_s"))
