@@ -80,7 +80,7 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace)
                                                  *overrides], env={}))
     rows = {}
     try:
-        for mode in ("off", "on"):
+        for mode in args.modes:
             child = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--client", app.target, "--mode", mode,
                 "--callers", str(args.callers), "--calls", str(args.calls),
@@ -105,6 +105,14 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace)
     return rows
 
 
+def ratio(a: dict[str, dict[str, Any]] | None, ma: str, b: dict[str, dict[str, Any]] | None,
+          mb: str) -> str:
+    """items/s of row ``ma`` of ``a`` over row ``mb`` of ``b``."""
+    if a is None or b is None or ma not in a or mb not in b:
+        return "not run"
+    return f"x{a[ma]['items_s'] / b[mb]['items_s']:.2f}"
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--callers", type=int, default=256, help="concurrent 1-item callers (N)")
@@ -112,6 +120,9 @@ async def main() -> None:
     ap.add_argument("--window-ms", type=float, default=1000 * CoalesceSettings.window_s)
     ap.add_argument("--max-items", type=int, default=CoalesceSettings.max_items)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve hosting")
+    ap.add_argument("--no-local", action="store_true", help="skip the in-process hosting")
+    ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"],
+                    help="rows to run (default both; the ratios need both)")
     ap.add_argument("--client", help=argparse.SUPPRESS)  # the callers' process: the server's target
     ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -122,7 +133,7 @@ async def main() -> None:
     print(f"{args.callers} concurrent 1-item callers x {args.calls} calls = {n} items per "
           f"row; window {args.window_ms:g} ms, max {args.max_items} items per merged call; "
           f"{os.cpu_count()} CPUs", flush=True)
-    local = await scenario("gRPC->in-process", [], args)
+    local = None if args.no_local else await scenario("gRPC->in-process", [], args)
     ray = None
     if not args.no_ray:
         ray = await scenario("gRPC->Ray Serve", [
@@ -134,13 +145,9 @@ async def main() -> None:
         for mode, r in (rows or {}).items():
             print(f"| {hosting} | {mode} | {r['items_s']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
                   f"{r['server_ms_item']:.3f} | {r['cpu_ms_item']:.3f} |")
-    print(f"\nin-process: with / without micro-batching x{local['on']['items_s'] / local['off']['items_s']:.2f}"
-          " (target >= 5)")
-    if ray:
-        print(f"Ray Serve:  with / without micro-batching x{ray['on']['items_s'] / ray['off']['items_s']:.2f}")
-        print(f"with micro-batching: Ray / in-process x{ray['on']['items_s'] / local['on']['items_s']:.2f}"
-              " (target >= 0.8)")
-
+    print(f"\nin-process: with / without micro-batching {ratio(local, 'on', local, 'off')} (target >= 5)")
+    print(f"Ray Serve:  with / without micro-batching {ratio(ray, 'on', ray, 'off')}")
+    print(f"with micro-batching: Ray / in-process {ratio(ray, 'on', local, 'on')} (target >= 0.8)")
 
 if __name__ == "__main__":
     asyncio.run(main())

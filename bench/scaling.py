@@ -114,10 +114,14 @@ async def cell(client: AsyncRewardClient, server: psutil.Process, pool: list[d.S
            "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "wall": wall, "bad": bad,
            "server_ms_item": 1000 * (cpu_s(server) - srv) / n,
            "client_ms_item": 1000 * (time.process_time() - here) / n}
+    # share of the wall each process was on a CPU (1.0 = one core all the time): a server below
+    # ~1.0 while items/s falls is waiting on its callers, not doing more work per item
+    row["server_busy"] = row["server_ms_item"] * n / 1000 / wall
+    row["client_busy"] = row["client_ms_item"] * n / 1000 / wall
     print(f"{per_call:>4}-item calls x{concurrency:<4} {row['calls']:>6} calls {row['items_s']:>9.0f} items/s"
           f"   p50 {row['p50']:>7.1f} ms   p99 {row['p99']:>7.1f} ms   server CPU "
           f"{row['server_ms_item']:.3f} ms/item   client CPU {row['client_ms_item']:.3f} ms/item   "
-          f"failed {bad}", flush=True)
+          f"busy server {row['server_busy']:.2f} client {row['client_busy']:.2f}   failed {bad}", flush=True)
     return row
 
 
