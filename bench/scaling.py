@@ -5,6 +5,8 @@ p50/p99 and the server's CPU per item at concurrency 1/16/64/256 x items per cal
     python bench/scaling.py --quick          # each cell: >= 200 calls or >= 3 s (a smoke run)
     python bench/scaling.py --set service.admission.enabled=true   # any server override
 
+Every cell runs at least 4 x concurrency calls unless its time budget ends it first.
+
 The server runs in its own process (``reward-server serve --fake``), so its CPU (user+system,
 all threads, from /proc via psutil) is measured apart from this client's. Admission control is
 off by default (a 256 x 256 cell holds 65,536 items in flight, over the default limit: with it
@@ -82,6 +84,10 @@ def cpu_s(proc: psutil.Process) -> float:
 async def cell(client: AsyncRewardClient, server: psutil.Process, pool: list[d.ScoreItem], *,
                per_call: int, concurrency: int, min_calls: int, min_s: float) -> dict[str, Any]:
     calls = [pool[i:i + per_call] for i in range(0, len(pool) - per_call + 1, per_call)]
+    # at least 4 waves: with fewer calls than callers (--quick's 200 at concurrency 256) the
+    # cell measured one burst (every call sent at once, the wall ending with the slowest), not
+    # the steady rate; the time budget still ends a cell of slow calls
+    min_calls = max(min_calls, 4 * concurrency)
     lat: list[float] = []
     bad = sent = 0
     stop_at = 0.0
@@ -159,11 +165,12 @@ async def main() -> None:
         proc.terminate()
         proc.wait(30)
     print("\n| items/call | concurrency | calls | items/s | p50 ms | p99 ms | server CPU ms/item |"
-          " client CPU ms/item |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " client CPU ms/item | server busy | client busy |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['per_call']} | {r['concurrency']} | {r['calls']} | {r['items_s']:.0f} | {r['p50']:.1f} | "
-              f"{r['p99']:.1f} | {r['server_ms_item']:.3f} | {r['client_ms_item']:.3f} |")
+              f"{r['p99']:.1f} | {r['server_ms_item']:.3f} | {r['client_ms_item']:.3f} | "
+              f"{r['server_busy']:.2f} | {r['client_busy']:.2f} |")
     by = {(r["per_call"], r["concurrency"]): r for r in rows}
     for per_call in args.per_call:
         if (per_call, 64) not in by or (per_call, 256) not in by:

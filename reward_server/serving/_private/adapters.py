@@ -25,8 +25,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.context import _get_global_client
 from ray.serve.exceptions import (
     BackPressureError,
     DeploymentUnavailableError,
@@ -63,15 +63,24 @@ SERVE_STATUS_LOCK = threading.Lock()
 
 
 def replica_counts(app: str) -> dict[str, int]:
-    """Replicas of one Serve application's deployments by state (a blocking Serve call)."""
+    """Replicas of one Serve application's deployments by state (a blocking Serve call).
+
+    Read from the controller's instance details as it sends them (the dict behind
+    ``serve.status()`` and the dashboard's ``/api/serve/applications/``), not through
+    ``serve.status()``: that re-validates the whole dict into pydantic models, which pickles
+    each deployment's request-router class by value; measured on Ray 2.60, 44-50 ms of this
+    process's CPU per call, holding the GIL (the event loop stalls), against ~2 ms for the
+    dict. The health probe asks once per second per application.
+    """
     with SERVE_STATUS_LOCK:
-        apps = serve.status().applications
+        client = _get_global_client(raise_if_no_controller_running=False)
+        details = client.get_serve_details() if client is not None else {}
     counts: dict[str, int] = {}
-    if app not in apps:
-        return counts
-    for dep in apps[app].deployments.values():
-        for state, n in dep.replica_states.items():
-            counts[str(state)] = counts.get(str(state), 0) + int(n)
+    for dep in (details.get("applications") or {}).get(app, {}).get("deployments", {}).values():
+        for replica in dep.get("replicas", ()):
+            state = replica["state"]
+            key = str(getattr(state, "value", state))  # a ReplicaState (a str enum) or its value
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
