@@ -75,10 +75,22 @@ async def callers(args: argparse.Namespace) -> None:
     print(json.dumps(row), flush=True)
 
 
+def _refused() -> float:
+    """Score calls this process's server has answered RESOURCE_EXHAUSTED so far (the client
+    retried them on the server's pushback: they cost time, not results)."""
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(
+        "reward_server_rpc_calls_total",
+        {"rpc": "Score", "code": "RESOURCE_EXHAUSTED", "transport": "grpc"})
+    return float(value or 0.0)
+
+
 async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     app = await start_app(load_config(overrides=["server.port=0", "server.drain_delay_s=0", FAKE,
-                                                 *overrides], env={}))
+                                                 *overrides, *args.overrides], env={}))
     rows = {}
+    refused = _refused()
     try:
         for mode in args.modes:
             child = await asyncio.create_subprocess_exec(
@@ -92,6 +104,8 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace)
             if child.returncode != 0:
                 raise RuntimeError(f"the callers' process failed ({child.returncode})")
             row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
+            refused_now = _refused()
+            row["refused"], refused = refused_now - refused, refused_now
             n = args.callers * args.calls
             row["server_ms_item"] = 1000 * cpu / (n + min(args.callers, n))  # + warm-up items
             sent = row["score_calls"]
@@ -99,7 +113,8 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace)
                   f"p50 {row['p50']:>7.1f} ms   p99 {row['p99']:>7.1f} ms   server CPU "
                   f"{row['server_ms_item']:.3f} ms/item   callers' CPU {row['cpu_ms_item']:.3f} ms/item"
                   f"   wall {row['wall']:5.1f} s   failed/mismatched {row['bad']}"
-                  + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else ""), flush=True)
+                  + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else "")
+                  + f"   refused (RESOURCE_EXHAUSTED, retried) {row['refused']:.0f}", flush=True)
     finally:
         await app.stop(grace=1.0, drain_delay=0)
     return rows
@@ -123,6 +138,8 @@ async def main() -> None:
     ap.add_argument("--no-local", action="store_true", help="skip the in-process hosting")
     ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"],
                     help="rows to run (default both; the ratios need both)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a server config override (repeatable), e.g. service.admission.enabled=false")
     ap.add_argument("--client", help=argparse.SUPPRESS)  # the callers' process: the server's target
     ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
     args = ap.parse_args()
