@@ -527,9 +527,10 @@ async def baseline(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
             p.served.append(lat)
         p.outcome = f"{dict(p.codes)}"
     unloaded = pct(p.served, .99)
-    if args.adaptive:
+    if args.adaptive:  # let the adaptive limit find its level under load (not reported), then read it
+        await closed_loop(caller, std, 16, args.seconds, Phase("settling"))
         args.limit = limit_now(s.metrics_port, args.limit)
-    loops = max(1, args.limit // 128)
+    loops = max(1, round(args.limit / 128))
     async with phase(s, f"baseline: load at the admission limit ({loops} x 128 judgments)") as p:
         await closed_loop(caller, std, loops, args.seconds, p)
         p.outcome = f"{dict(p.codes)}"
@@ -831,11 +832,9 @@ async def big_requests(s: Server, caller: Caller) -> None:
 
 
 async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespace) -> Phase:
-    out = None
-    if args.adaptive:
-        args.limit = limit_now(s.metrics_port, args.limit)
+    out = None  # args.limit: the limit the adaptive server settled at under load (baseline)
     for factor in (2, 8):
-        loops = max(1, factor * args.limit // 128)
+        loops = max(1, round(factor * args.limit / 128))
         async with phase(s, f"4. {factor}x overload: {loops} x 128 judgments vs limit {args.limit}") as p:
             before = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port)
