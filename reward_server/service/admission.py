@@ -6,17 +6,20 @@ judgments, and every call (Info too) holds one call slot. A call is admitted whe
 what is already in flight, or when nothing is in flight (so a request larger than the limit still
 runs, alone). Otherwise it is refused with :class:`~reward_server.errors.Overloaded`
 (RESOURCE_EXHAUSTED), carrying a retry hint: about one admitted call's duration (a moving
-average), jittered, between 50 ms and 5 s.
+average), jittered, between 50 ms and 5 s, and later when many were refused before it: a virtual
+line paced by the calls completing (:class:`~reward_server.service._limiter.RetryLine`).
 
 **The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
 is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
 judgments admitted calls complete per busy second) times the latency target
 (``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
-same with calls per second. Each stays between a floor (one full batch of every engine; a few
+same with calls per second. Each stays between a floor (by default one call at a time; a few
 calls) and the configured caps. When the engines are faster than the work admitted, latency stays
 under the target and the limit grows with the throughput it measures; when they slow down, it
-shrinks.
+shrinks. It does not grow while the event loop is saturated (:data:`SATURATED`): gRPC's Python
+server accepts one call per turn of the loop, so calls then wait in the transport, before the
+handler where latency is measured (:class:`~reward_server.service._limiter.LoopLoad`).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -88,8 +91,9 @@ class AdmissionSettings(BaseModel):
         "their replicas on Ray)."
     )
     min_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch of "
-        "every engine (their batching.max_items, as above)."
+        None, ge=1, description="Floor of the adaptive judgment limit. None: no floor beyond "
+        "one call at a time (a call always runs when nothing else is in flight); the limit "
+        "grows from there while latency and the event loop allow."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
