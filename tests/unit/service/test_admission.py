@@ -93,7 +93,7 @@ def test_bytes_are_held_until_release() -> None:
 def test_settings_size_the_default_from_the_engines() -> None:
     a = admission_for(AdmissionSettings(batches_in_flight=4), engine_batch_items=300)
     assert (a.cap_judgments, a.min_judgments) == (1200, 1)  # caps: 4 batches; floor: one call
-    assert a.adaptive and a.max_judgments == 1  # nothing measured yet: the floor
+    assert a.adaptive and a.max_judgments == 300  # nothing measured yet: one full batch
     floor = admission_for(AdmissionSettings(min_judgments_in_flight=300), engine_batch_items=300)
     assert floor.max_judgments == 300
     fixed = admission_for(AdmissionSettings(max_judgments_in_flight=7, adaptive=False),
