@@ -66,8 +66,10 @@ WINDOW_S = 0.5  # the throughput is measured over windows of this length ...
 _MIN_BUSY = 0.2  # ... in which work was in flight at least this fraction of the time
 P99_OVER_MEAN = 1.5  # latency target (a p99) over the mean latency Little's law sizes for
 _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alone
-RETRIES_PER_COMPLETED = 0.5  # refused callers are told to come back this fast per completion
-SATURATED = 0.85  # the event loop's CPU share past which the limits do not grow
+RETRIES_PER_COMPLETED = 1.0  # refused callers are told to come back this fast per completion
+SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
+SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
+# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it)
 
 
 class AdmissionSettings(BaseModel):
@@ -424,15 +426,16 @@ class Admission:
         assert self.max_calls is not None
         # under the target, and the event loop has room to accept more calls (saturated, calls
         # wait in the transport, unseen by the latency measured here)
-        saturated = self.loop_busy is not None and self.loop_busy >= SATURATED
-        under = w.took_s / w.calls * P99_OVER_MEAN <= target and not saturated
+        saturated = (self.loop_busy is not None and self.loop_busy >= SATURATED
+                     and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
+        fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
         limits = []
-        for limit, rate, short, step, lo, hi in (
+        for limit, rate, short, step, lo, hi, under in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             self.min_judgments, self.cap_judgments),
+             self.min_judgments, self.cap_judgments, fast and not saturated),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
-             self.cap_calls),
+             self.cap_calls, fast),
         ):
             little = rate * target / P99_OVER_MEAN
             if under and short:  # more was asked than the limit let in, and latency allows
