@@ -14,13 +14,15 @@ is throughput times latency, so the judgment limit is the measured throughput (a
 judgments admitted calls complete per busy second) times the latency target
 (``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
-same with calls per second. Each starts at one full batch of every engine and stays between a
-floor (by default one call at a time; a few calls) and the configured caps. When the engines are
+same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
+and the configured caps. When the engines are
 faster than the work admitted, latency stays under the target and the limit grows with the
 throughput it measures; when they slow down, it shrinks. It does not grow while the event loop
 is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
 so calls then wait in the transport, before the handler where latency is measured
-(:class:`~reward_server.service._limiter.LoopLoad`).
+(:class:`~reward_server.service._limiter.LoopLoad`); then the judgment limit is held to Little's
+law, below its floor if need be (one call at a time at least), for calls that take at least
+:data:`SHED_MIN_ALONE_S` alone (refusing cheaper ones costs what serving them does).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -94,9 +96,9 @@ class AdmissionSettings(BaseModel):
         "their replicas on Ray)."
     )
     min_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Floor of the adaptive judgment limit. None: no floor beyond "
-        "one call at a time (a call always runs when nothing else is in flight). The limit "
-        "starts at one full batch of every engine (their batching.max_items, as above)."
+        None, ge=1, description="Floor of the adaptive judgment limit (a saturated event loop "
+        "can take it lower, down to one call at a time). None: one full batch of every engine "
+        "(their batching.max_items, as above)."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
@@ -133,7 +135,6 @@ class Admission:
         max_calls: int | None = None,
         adaptive: bool = False,
         min_judgments: int = 1,
-        start_judgments: int | None = None,
         min_calls: int = 1,
         target_s: float | None = None,
         max_wait_s: float = 0.0,
@@ -146,8 +147,7 @@ class Admission:
         self.min_judgments = min(min_judgments, max_judgments or min_judgments)
         self.min_calls = min(min_calls, max_calls or min_calls)
         self.adaptive, self.target_s = adaptive, target_s
-        start = max(self.min_judgments, min(start_judgments or 0, max_judgments or 0))
-        self.max_judgments = start if adaptive else max_judgments  # the limits now
+        self.max_judgments = self.min_judgments if adaptive else max_judgments  # the limits now
         self.max_calls = self.min_calls if adaptive else max_calls
         self.max_bytes = max_bytes
         self.max_wait_s, self.max_waiting = max_wait_s, max_waiting
@@ -184,7 +184,7 @@ class Admission:
         return cls(
             max_judgments=cap, max_bytes=s.max_request_bytes_in_flight,
             max_calls=s.max_calls_in_flight, adaptive=s.adaptive,
-            min_judgments=s.min_judgments_in_flight or 1, start_judgments=engine_batch_items,
+            min_judgments=s.min_judgments_in_flight or engine_batch_items,
             min_calls=s.min_calls_in_flight, target_s=s.target_p99_s, max_wait_s=s.max_wait_s,
             max_waiting=s.max_waiting,
         )
@@ -433,7 +433,7 @@ class Admission:
         limits = []
         for limit, rate, short, step, lo, hi, under in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             self.min_judgments, self.cap_judgments, fast and not saturated),
+             1 if saturated else self.min_judgments, self.cap_judgments, fast and not saturated),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
              self.cap_calls, fast),
         ):

@@ -92,8 +92,8 @@ def test_bytes_are_held_until_release() -> None:
 
 def test_settings_size_the_default_from_the_engines() -> None:
     a = admission_for(AdmissionSettings(batches_in_flight=4), engine_batch_items=300)
-    assert (a.cap_judgments, a.min_judgments) == (1200, 1)  # caps: 4 batches; floor: one call
-    assert a.adaptive and a.max_judgments == 300  # nothing measured yet: one full batch
+    assert (a.cap_judgments, a.min_judgments) == (1200, 300)  # caps: 4 batches; floor: one
+    assert a.adaptive and a.max_judgments == 300  # nothing measured yet: the floor
     floor = admission_for(AdmissionSettings(min_judgments_in_flight=300), engine_batch_items=300)
     assert floor.max_judgments == 300
     fixed = admission_for(AdmissionSettings(max_judgments_in_flight=7, adaptive=False),
@@ -275,6 +275,12 @@ def test_a_saturated_event_loop_stops_the_growth_and_shrinks_the_limit() -> None
     assert free.loop_busy == 0.0 and busy.loop_busy == pytest.approx(1.0)
     assert free.max_judgments >= 400  # grew while the latency allowed (as above)
     assert busy.max_judgments <= 200  # Little's law at the target: ~1.3 calls
+    # calls of 1 ms alone are not shed so: a refusal would cost the loop what serving them does
+    cheap = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                      min_judgments=100, min_calls=2, clock=clock, cpu_clock=clock)
+    _load(cheap, clock, offered=1, seconds=1.0, took_s=lambda n: batching(n) / 10)
+    _load(cheap, clock, offered=40, seconds=10.0, took_s=lambda n: batching(n) / 10)
+    assert cheap.loop_busy == pytest.approx(1.0) and cheap.max_judgments >= 400
 
 
 def test_refused_callers_are_spread_over_the_completions() -> None:
