@@ -12,7 +12,8 @@
   (times ``per_completed``), so N refused callers spread their retries over about N completions
   instead of all coming back after one call's duration and hammering the ingress (each refusal
   costs the loop some CPU too). Nothing is held for them: a caller that does not come back costs
-  nothing, and the line empties as time passes.
+  nothing, and the line empties as time passes. Hints are at most ``most_s``: places further
+  down the line are spread over its second half.
 """
 
 from __future__ import annotations
@@ -80,4 +81,8 @@ class RetryLine:
         at = max(now + least, self._free_at)
         if per_s is not None and per_s > 0:
             self._free_at = at + 1.0 / per_s
-        return min(self.most_s, at - now)
+        wait = at - now
+        if wait > self.most_s:  # a line longer than the longest hint: places past it wrap
+            half = self.most_s / 2  # around into its second half, so they do not all come
+            wait = half + (wait - half) % half  # back at once when told the longest
+        return wait

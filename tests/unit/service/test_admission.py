@@ -11,6 +11,7 @@ import pytest
 
 from reward_server.errors import Overloaded
 from reward_server.service import Admission, AdmissionSettings, admission_for
+from reward_server.service._limiter import RetryLine
 from reward_server.service.admission import RETRIES_PER_COMPLETED
 
 
@@ -309,3 +310,11 @@ def test_refused_callers_are_spread_over_the_completions() -> None:
     with pytest.raises(Overloaded) as e:
         a.enter()
     assert e.value.retry_after_s is not None and e.value.retry_after_s <= 0.075
+
+
+def test_a_line_longer_than_the_longest_hint_is_spread_not_bunched() -> None:
+    line = RetryLine(least_s=0.05, most_s=5.0)
+    hints = [line.hint(100.0, least_s=0.05, per_s=10.0) for _ in range(200)]  # a 20 s line
+    assert max(hints) <= 5.0 and hints[:49] == sorted(hints[:49])
+    past = hints[50:]  # past 5 s: spread over 2.5-5 s, not all told 5 s
+    assert min(past) >= 2.5 and len({round(h, 1) for h in past}) >= 20
