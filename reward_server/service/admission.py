@@ -68,7 +68,9 @@ WINDOW_S = 0.5  # the throughput is measured over windows of this length ...
 _MIN_BUSY = 0.2  # ... in which work was in flight at least this fraction of the time
 P99_OVER_MEAN = 1.5  # latency target (a p99) over the mean latency Little's law sizes for
 _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alone
-RETRIES_PER_COMPLETED = 1.0  # refused callers are told to come back this fast per completion
+# refused callers are told to come back this fast per completed call (bench/faults.py at 8x:
+# 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
+RETRIES_PER_COMPLETED = 0.5
 SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
 SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
 # about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it)
