@@ -6,17 +6,23 @@ judgments, and every call (Info too) holds one call slot. A call is admitted whe
 what is already in flight, or when nothing is in flight (so a request larger than the limit still
 runs, alone). Otherwise it is refused with :class:`~reward_server.errors.Overloaded`
 (RESOURCE_EXHAUSTED), carrying a retry hint: about one admitted call's duration (a moving
-average), jittered, between 50 ms and 5 s.
+average), jittered, between 50 ms and 5 s, and later when many were refused before it: a virtual
+line paced by the calls completing (:class:`~reward_server.service._limiter.RetryLine`).
 
 **The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
 is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
 judgments admitted calls complete per busy second) times the latency target
 (``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
-same with calls per second. Each stays between a floor (one full batch of every engine; a few
-calls) and the configured caps. When the engines are faster than the work admitted, latency stays
-under the target and the limit grows with the throughput it measures; when they slow down, it
-shrinks.
+same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
+and the configured caps. When the engines are
+faster than the work admitted, latency stays under the target and the limit grows with the
+throughput it measures; when they slow down, it shrinks. It does not grow while the event loop
+is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
+so calls then wait in the transport, before the handler where latency is measured
+(:class:`~reward_server.service._limiter.LoopLoad`); then the judgment limit is held to Little's
+law, below its floor if need be (one call at a time at least), for calls that take at least
+:data:`SHED_MIN_ALONE_S` alone (refusing cheaper ones costs what serving them does).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -52,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server import metrics
 from reward_server.errors import Overloaded
+from reward_server.service._limiter import LoopLoad, RetryLine, Window, between
 
 _RETRY_MIN_S = 0.05
 _RETRY_MAX_S = 5.0
@@ -61,6 +68,12 @@ WINDOW_S = 0.5  # the throughput is measured over windows of this length ...
 _MIN_BUSY = 0.2  # ... in which work was in flight at least this fraction of the time
 P99_OVER_MEAN = 1.5  # latency target (a p99) over the mean latency Little's law sizes for
 _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alone
+# refused callers are told to come back this fast per completed call (bench/faults.py at 8x:
+# 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
+RETRIES_PER_COMPLETED = 0.5
+SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
+SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
+# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it)
 
 
 class AdmissionSettings(BaseModel):
@@ -85,8 +98,9 @@ class AdmissionSettings(BaseModel):
         "their replicas on Ray)."
     )
     min_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch of "
-        "every engine (their batching.max_items, as above)."
+        None, ge=1, description="Floor of the adaptive judgment limit (a saturated event loop "
+        "can take it lower, down to one call at a time). None: one full batch of every engine "
+        "(their batching.max_items, as above)."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
@@ -129,6 +143,7 @@ class Admission:
         max_waiting: int = 0,
         seed: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.cap_judgments, self.cap_calls = max_judgments, max_calls
         self.min_judgments = min(min_judgments, max_judgments or min_judgments)
@@ -143,6 +158,9 @@ class Admission:
         self.bytes = 0
         self.refused = 0
         self._call_s = 0.2  # moving average of admitted calls' duration
+        self._line = RetryLine(least_s=_RETRY_MIN_S, most_s=_RETRY_MAX_S)
+        self._loop_load = LoopLoad(cpu_clock)
+        self.loop_busy: float | None = None  # the event loop's CPU share, last window
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
         self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
         self.alone_s: float | None = None  # moving average: a usual call's latency, alone
@@ -150,7 +168,7 @@ class Admission:
         self.calls_per_s: float | None = None
         self._clock = clock
         self._admitted = 0  # calls admitted so far
-        self._window = _Window(clock())
+        self._window = Window(clock())
         self._waiting: list[tuple[int, int, asyncio.Future[Ticket], bool]] = []
         self._seq = itertools.count()
         self._rng = random.Random(seed)
@@ -174,8 +192,11 @@ class Admission:
         )
 
     def retry_after_s(self) -> float:
-        base = min(_RETRY_MAX_S, max(_RETRY_MIN_S, self._call_s))
-        return base * self._rng.uniform(0.5, 1.5)
+        """How long a refused caller should wait: about one call's duration (jittered), and
+        behind the callers refused before it (:class:`RetryLine`)."""
+        per_s = None if self.calls_per_s is None else self.calls_per_s * RETRIES_PER_COMPLETED
+        return self._line.hint(self._clock(), least_s=self._call_s * self._rng.uniform(0.5, 1.5),
+                               per_s=per_s)
 
     def target(self) -> float | None:
         """The latency the adaptive limits aim for (None: not measured yet)."""
@@ -398,56 +419,35 @@ class Admission:
                                ("calls_per_s", w.calls / busy)):
                 old = getattr(self, name)
                 setattr(self, name, rate if old is None else old + _RATE_EWMA * (rate - old))
-        self._window = _Window(now, busy_since=now)
+        self._window = Window(now, busy_since=now)
+        self.loop_busy = self._loop_load.sample(now)
         target = self.target()
         if not self.adaptive or target is None or not w.calls or self.judgments_per_s is None:
             return
         assert self.calls_per_s is not None and self.max_judgments is not None
         assert self.max_calls is not None
-        under = w.took_s / w.calls * P99_OVER_MEAN <= target
+        # under the target, and the event loop has room to accept more calls (saturated, calls
+        # wait in the transport, unseen by the latency measured here)
+        saturated = (self.loop_busy is not None and self.loop_busy >= SATURATED
+                     and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
+        fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
         limits = []
-        for limit, rate, short, step, lo, hi in (
+        for limit, rate, short, step, lo, hi, under in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             self.min_judgments, self.cap_judgments),
+             1 if saturated else self.min_judgments, self.cap_judgments, fast and not saturated),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
-             self.cap_calls),
+             self.cap_calls, fast),
         ):
             little = rate * target / P99_OVER_MEAN
             if under and short:  # more was asked than the limit let in, and latency allows
-                limits.append(_between(max(little, limit + max(step, limit / 4)), lo, hi))
+                limits.append(between(max(little, limit + max(step, limit / 4)), lo, hi))
             elif under:
                 limits.append(limit)
             else:
-                limits.append(_between(min(little, limit), lo, hi))
+                limits.append(between(min(little, limit), lo, hi))
         self.max_judgments, self.max_calls = limits
         metrics.set_admission_limits(self.max_judgments, self.max_calls)
-
-
-def _between(x: float, lo: int, hi: int | None) -> int:
-    return max(lo, min(round(x), hi if hi is not None else round(x)))
-
-
-class _Window:
-    """Work completed, busy time (some call held) and calls the limits held back, since
-    ``start``."""
-
-    def __init__(self, start: float, *, busy_since: float = 0.0) -> None:
-        self.start = start
-        self.busy_since = busy_since or start
-        self.busy_s = 0.0
-        self.judgments = 0
-        self.calls = 0
-        self.took_s = 0.0
-        self.short = {"judgments": 0, "calls": 0}  # calls refused or kept waiting, per limit
-
-    def idle(self, now: float) -> None:
-        self.busy_s += now - max(self.busy_since, self.start)
-
-    def done(self, judgments: int, took_s: float) -> None:
-        self.judgments += judgments
-        self.calls += 1
-        self.took_s += took_s
 
 
 class Ticket:

@@ -4,12 +4,15 @@ lets a request bigger than the limit run alone."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 
 import pytest
 
 from reward_server.errors import Overloaded
 from reward_server.service import Admission, AdmissionSettings, admission_for
+from reward_server.service._limiter import RetryLine
+from reward_server.service.admission import RETRIES_PER_COMPLETED
 
 
 def test_work_that_fits_is_admitted_and_the_rest_refused_with_a_hint() -> None:
@@ -92,6 +95,8 @@ def test_settings_size_the_default_from_the_engines() -> None:
     a = admission_for(AdmissionSettings(batches_in_flight=4), engine_batch_items=300)
     assert (a.cap_judgments, a.min_judgments) == (1200, 300)  # caps: 4 batches; floor: one
     assert a.adaptive and a.max_judgments == 300  # nothing measured yet: the floor
+    floor = admission_for(AdmissionSettings(min_judgments_in_flight=300), engine_batch_items=300)
+    assert floor.max_judgments == 300
     fixed = admission_for(AdmissionSettings(max_judgments_in_flight=7, adaptive=False),
                           engine_batch_items=300)
     assert (fixed.max_judgments, fixed.max_calls) == (7, 4096)
@@ -254,3 +259,62 @@ def test_a_huge_call_alone_does_not_set_the_latency_target() -> None:
     assert a.target() == pytest.approx(0.02)
     _load(a, clock, offered=1, seconds=0.0, took_s=lambda n: 3.0, judgments=50_000)
     assert a.target() == pytest.approx(0.02)  # 3 s for 500 usual calls' work: not the usual
+
+
+def test_a_saturated_event_loop_stops_the_growth_and_shrinks_the_limit() -> None:
+    """The same engine as above, but the thread serving the calls is busy all the time (its
+    CPU clock runs with the wall clock): calls would queue in the transport, unseen by the
+    latency measured from the handler, so the limit does not grow past Little's law."""
+    clock = Clock()
+    free = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                     min_judgments=100, min_calls=2, clock=clock, cpu_clock=lambda: 0.0)
+    busy = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                     min_judgments=100, min_calls=2, clock=clock, cpu_clock=clock)
+    for a in (free, busy):
+        _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+        _load(a, clock, offered=40, seconds=10.0, took_s=batching)
+    assert free.loop_busy == 0.0 and busy.loop_busy == pytest.approx(1.0)
+    assert free.max_judgments >= 400  # grew while the latency allowed (as above)
+    assert busy.max_judgments <= 200  # Little's law at the target: ~1.3 calls
+    # calls of 1 ms alone are not shed so: a refusal would cost the loop what serving them does
+    cheap = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                      min_judgments=100, min_calls=2, clock=clock, cpu_clock=clock)
+    _load(cheap, clock, offered=1, seconds=1.0, took_s=lambda n: batching(n) / 10)
+    _load(cheap, clock, offered=40, seconds=10.0, took_s=lambda n: batching(n) / 10)
+    assert cheap.loop_busy == pytest.approx(1.0) and cheap.max_judgments >= 400
+
+
+def test_refused_callers_are_spread_over_the_completions() -> None:
+    """Each refused caller is told to come back after the ones refused before it, spaced by
+    the completion rate (times RETRIES_PER_COMPLETED), not all after one call's duration."""
+    clock = Clock()
+    a = Admission(max_judgments=100, max_bytes=None, max_calls=1000, clock=clock, seed=0)
+    _load(a, clock, offered=2, seconds=2.0, took_s=lambda n: 0.01)  # ~100 calls/s, refusals
+    assert a.calls_per_s == pytest.approx(100, rel=0.05)
+    clock.now += 10.0  # the callers refused meanwhile (told to come back in turn) are gone
+    held = a.enter()
+    held.add_bytes(1)
+    held.admit(100)
+    hints = []
+    for _ in range(20):
+        with pytest.raises(Overloaded) as e:
+            a.enter()
+        assert e.value.retry_after_s is not None
+        hints.append(e.value.retry_after_s)
+    spacing = 1 / (100 * RETRIES_PER_COMPLETED)
+    assert hints[0] <= 0.075  # the first: about one call's duration (at least 50 ms, jittered)
+    assert all(later - earlier == pytest.approx(spacing, rel=0.1)
+               for earlier, later in itertools.pairwise(hints))
+    assert hints[-1] >= 19 * spacing
+    clock.now += 10.0  # the line empties with time: a refusal later is told one call again
+    with pytest.raises(Overloaded) as e:
+        a.enter()
+    assert e.value.retry_after_s is not None and e.value.retry_after_s <= 0.075
+
+
+def test_a_line_longer_than_the_longest_hint_is_spread_not_bunched() -> None:
+    line = RetryLine(least_s=0.05, most_s=5.0)
+    hints = [line.hint(100.0, least_s=0.05, per_s=10.0) for _ in range(200)]  # a 20 s line
+    assert max(hints) <= 5.0 and hints[:49] == sorted(hints[:49])
+    past = hints[50:]  # past 5 s: spread over 2.5-5 s, not all told 5 s
+    assert min(past) >= 2.5 and len({round(h, 1) for h in past}) >= 20
