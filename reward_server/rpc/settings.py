@@ -42,9 +42,10 @@ class HttpSettings(_Frozen):
     )
     host: str | None = Field(None, description="Address to bind; None: server.host.")
     max_body_bytes: int = Field(
-        256 * 1024 * 1024, ge=1024, description="Largest JSON request body read; a larger one "
+        64 * 1024 * 1024, ge=1024, description="Largest JSON request body read; a larger one "
         "is refused (400) before it is read. The request it encodes must still fit "
-        "server.max_message_bytes and service.limits."
+        "server.max_message_bytes and service.limits; twice that size leaves room for JSON's "
+        "field names, quotes and escapes."
     )
     max_json_depth: int = Field(
         MAX_DEPTH, ge=2, description="Deepest nesting of a JSON body (and of an OpenRLHF "
@@ -91,7 +92,11 @@ class ServerSettings(_Frozen):
     _host = field_validator("host")(unbracket)
     port: int = Field(50051, ge=0, le=65535, description="Port to bind; 0 picks a free one.")
     max_message_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent."
+        32 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent; a "
+        "larger one is refused by gRPC (RESOURCE_EXHAUSTED) before the server reads it. gRPC "
+        "Python copies a received message into Python bytes in one step that holds the "
+        "interpreter lock (health checks wait meanwhile: ~2-2.5 ms per MB on a 2-core host), so "
+        "this also bounds that pause; 1,024 items of 30 KB each still fit."
     )
     max_concurrent_rpcs: int | None = Field(
         None, ge=1, description="gRPC's own cap on calls handled at once (health checks "
