@@ -312,6 +312,7 @@ class HttpDoor:
 
             async def receive() -> bytes:
                 body = await self._body(request) or b"{}"
+                self._servicer.trimmer.freed(len(body))  # let go when the call ends
                 if len(body) < PARSE_INLINE_BYTES:
                     return self._parse(cls, body)
                 # json_format walks the JSON in Python: keep the event loop free meanwhile
