@@ -4,6 +4,7 @@ connection bounds, live health, drain, metrics), its optional HTTP/JSON door and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -184,11 +185,12 @@ class ServerSettings(_Frozen):
         "port of server.host; 0 picks a free one (logged at start). None: no metrics port (the "
         "HTTP door, when on, still serves GET /metrics)."
     )
-    health_port: int | None = Field(
-        None, ge=0, le=65535, description="Also serve grpc.health.v1 alone on this port (on "
-        "host, with TLS as the main port), with its own connection cap (64) and a 10 s idle "
-        "close, so that no flood of connections on the main port locks health checks out; "
-        "0 picks a free one. None: off."
+    health_port: int | Literal["auto"] | None = Field(
+        "auto", description="Also serve grpc.health.v1 alone on this port (on host, with TLS "
+        "as the main port), with its own connection cap (64) and a 10 s idle close, so that no "
+        "flood of connections on the main port locks health checks out; 0 picks a free one. "
+        "auto: the main port + 1 (a free one when the main port is 0), and when that port is "
+        "taken the server starts without it (logged). None: off."
     )
     http: HttpSettings = Field(default_factory=HttpSettings, description="The HTTP/JSON door.")
     tracing: TracingSettings = Field(
