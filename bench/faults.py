@@ -12,7 +12,10 @@ and that client's lost and misattributed calls and any INTERNAL answer.
 Each attack runs against a `reward-server serve` subprocess (fake engines that sleep
 ``--engine-latency`` per batch, standing in for a GPU's forward pass), bounded in count and time;
 a baseline without attack is measured first, in the same run. A separate prober process asks
-grpc.health.v1 every 20 ms throughout, and a sampler reads the server's RSS every 20 ms. Prints
+grpc.health.v1 every 20 ms throughout, and a sampler reads the server's RSS every 20 ms ("after":
+once the RSS has not moved by 1 MB for 0.5 s, at least 2 s and at most 10 s after the attack
+ended, with the server still running and answering the prober; the bench's own channels stay
+open). Prints
 one table (attack -> outcome, health latency during it, RSS before/peak/after, served and refused
 calls with latencies), then the issue's "Done when" checks against it.
 
