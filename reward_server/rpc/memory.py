@@ -55,12 +55,14 @@ class Trimmer:
         self._last = 0.0
         self._scheduled = False
         self._running = False  # a collection and trim under way
+        self._moved = 0  # bytes freed since the last idle collection
         self._floor = _rss()  # the RSS the last trim left
         self.trims = 0
 
     def freed(self, nbytes: int) -> None:
         """``nbytes`` of a message were let go (call from the event loop)."""
         self._freed += nbytes
+        self._moved += nbytes
         if self._trim is None or self._freed < self._after or self._scheduled:
             return
         self._scheduled = True
@@ -74,23 +76,26 @@ class Trimmer:
         loop)."""
         if self._trim is None or self._scheduled:
             return
-        if self._freed < TRIM_IDLE_BYTES and _rss() < self._floor + max(8 * TRIM_IDLE_BYTES, self._floor // 20):
+        if self._moved < TRIM_IDLE_BYTES and _rss() < self._floor + max(8 * TRIM_IDLE_BYTES, self._floor // 20):
             return
         self._scheduled = True
         wait = max(DELAY_S, MIN_INTERVAL_S - (time.monotonic() - self._last))
-        asyncio.get_running_loop().call_later(wait, self._start)
+        asyncio.get_running_loop().call_later(wait, self._start, True)
 
-    def _start(self) -> None:
+    def _start(self, idle: bool = False) -> None:
         self._scheduled = False
         if self._running or self._trim is None:  # the next free schedules again
             return
         self._freed = 0
         self._last = time.monotonic()
         self.trims += 1
-        # gRPC's request iterator and its generator, which holds the call's last message,
-        # form a reference cycle that outlives the call into the oldest generation: collect
-        # it (the generator is closed by a task the loop runs next), then trim
-        gc.collect()
+        if idle:
+            # gRPC's request iterator and its generator, which holds the call's last message,
+            # form a reference cycle that outlives the call into the oldest generation:
+            # collect it (the generator is closed by a task the loop runs next), then trim;
+            # only when idle (a full collection while many calls are in flight held the loop)
+            self._moved = 0
+            gc.collect()
         self._running = True
         asyncio.get_running_loop().call_later(DELAY_S, self._trim_now)
 
