@@ -12,7 +12,10 @@ and that client's lost and misattributed calls and any INTERNAL answer.
 Each attack runs against a `reward-server serve` subprocess (fake engines that sleep
 ``--engine-latency`` per batch, standing in for a GPU's forward pass), bounded in count and time;
 a baseline without attack is measured first, in the same run. A separate prober process asks
-grpc.health.v1 every 20 ms throughout, and a sampler reads the server's RSS every 20 ms. Prints
+grpc.health.v1 every 20 ms throughout, and a sampler reads the server's RSS every 20 ms ("after":
+once the RSS has not moved by 1 MB for 0.5 s, at least 2 s and at most 10 s after the attack
+ended, with the server still running and answering the prober; the bench's own channels stay
+open). Prints
 one table (attack -> outcome, health latency during it, RSS before/peak/after, served and refused
 calls with latencies), then the issue's "Done when" checks against it.
 
@@ -274,6 +277,7 @@ class Phase:
 
 
 ROWS: list[Phase] = []
+AFTER_MAX_S = 10.0
 
 
 class Victim:
@@ -356,7 +360,15 @@ async def phase(server: Server, name: str, settle_s: float = 2.0) -> AsyncIterat
         p.victim = await VICTIM.stop()
     p.internal += p.codes.get("INTERNAL", 0) + p.victim.get("INTERNAL", 0)
     await asyncio.sleep(settle_s)
-    peak = max((mb for t, mb in server.rss if t0 <= t <= t1 + settle_s), default=before)
+    # "after": the server still running and answering the prober's health checks, once its
+    # RSS has not moved by 1 MB for 0.5 s (it trims when idle), at most AFTER_MAX_S after
+    # the attack ended
+    while time.monotonic() - t1 < AFTER_MAX_S:
+        recent = [mb for t, mb in server.rss if t >= time.monotonic() - 0.5]
+        if recent and max(recent) - min(recent) < 1.0:
+            break
+        await asyncio.sleep(0.1)
+    peak = max((mb for t, mb in server.rss if t0 <= t), default=before)
     p.rss = (before, peak, server.rss_now())
     p.health = server.health.between(t0, t1)
     p.health_status = server.health.statuses(t0, t1)

@@ -40,7 +40,7 @@ def parse(cls: type[M], body: bytes | str, what: str | None = None) -> M:
         ) from None
 
 
-def parse_bounded(cls: type[M], body: bytes, *, max_depth: int, max_values: int) -> M:
+def parse_bounded(cls: type[M], body: bytes | bytearray, *, max_depth: int, max_values: int) -> M:
     """``cls`` from a JSON body read with bounded nesting and values
     (:mod:`reward_server.rpc.jsonlimits`), booleans refused where numbers are expected."""
     data = jsonlimits.loads(body, max_depth=max_depth, max_values=max_values, what="the body")

@@ -251,7 +251,14 @@ def create_server(
                 s.auth_token is not None)
     health_server, health_port = None, None
     if s.health_port is not None:
-        health_server, health_port = _health_server(s, health, creds)
+        auto = s.health_port == "auto"
+        want = (port + 1 if s.port else 0) if auto else int(s.health_port)
+        try:
+            health_server, health_port = _health_server(s, want, health, creds)
+        except ConfigError as e:
+            if not auto:
+                raise
+            logger.warning("%s; grpc.health.v1 is served on the main port only", e)
     return RewardGrpcServer(server, monitor, servicer, service, s, health_server=health_server,
                             health_port=health_port), port
 
@@ -261,12 +268,11 @@ HEALTH_IDLE_S = 10.0
 
 
 def _health_server(
-    s: ServerSettings, health: HealthServicer, creds: grpc.ServerCredentials | None
+    s: ServerSettings, want: int, health: HealthServicer, creds: grpc.ServerCredentials | None
 ) -> tuple[grpc.aio.Server, int]:
     """grpc.health.v1 alone on ``server.health_port``: its own gRPC server, hence its own
     connection cap (gRPC counts ``max_allowed_incoming_connections`` per server), so connections
     that hold every slot of the main port leave health checks theirs."""
-    assert s.health_port is not None
     options = [("grpc.so_reuseport", 0),
                ("grpc.max_allowed_incoming_connections", HEALTH_MAX_CONNECTIONS),
                ("grpc.max_connection_idle_ms", _ms(HEALTH_IDLE_S)),
@@ -274,7 +280,7 @@ def _health_server(
                ("grpc.max_receive_message_length", 4096)]
     server = grpc.aio.server(options=options)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    address = host_port(s.host, s.health_port)
+    address = host_port(s.host, want)
     try:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError:

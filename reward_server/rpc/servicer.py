@@ -242,6 +242,7 @@ class RewardServicer:
                     self._active -= 1
                     if not self._active:
                         self._idle.set()
+                        self.trimmer.idle()
                 seconds = time.perf_counter() - start
                 metrics.observe_call(rpc, code_name, seconds, transport=transport)
                 logger.debug("%s took %.1f ms", rpc, seconds * 1000)

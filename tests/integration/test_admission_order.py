@@ -9,6 +9,7 @@ import json
 import time
 
 import grpc
+import pytest
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
@@ -103,10 +104,11 @@ async def _health(port: int) -> str:
 
 async def test_the_health_port_keeps_its_slots_when_the_main_port_is_full() -> None:
     """Connections that only send the HTTP/2 preface take every slot of the main port
-    (server.max_connections=4); health on server.health_port still answers."""
+    (server.max_connections=4); health on server.health_port (on by default: auto, a free
+    port beside port 0) still answers."""
     from .raw_h2 import RawH2
 
-    async with running_server(["server.max_connections=4", "server.health_port=0"]) as r:
+    async with running_server(["server.max_connections=4"]) as r:  # health_port: auto
         grpc_server = r.app.server
         assert grpc_server.health_port
         idle = [await RawH2.open(r.port) for _ in range(8)]
@@ -118,3 +120,19 @@ async def test_the_health_port_keeps_its_slots_when_the_main_port_is_full() -> N
                 await c.close()
     assert own == "SERVING"
     assert main != "SERVING", "the main port was expected to be full (else this test shows nothing)"
+
+
+async def test_an_explicit_health_port_that_is_taken_fails_the_start_and_auto_does_not() -> None:
+    import socket
+
+    from reward_server.errors import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match="health port"):
+            async with running_server([f"server.health_port={port}"]):
+                pass
+    async with running_server(["server.health_port=null"]) as r:
+        assert r.app.server.health_port is None

@@ -115,7 +115,7 @@ async def test_induce_verify_info(fake_server) -> None:
     assert info.settings["service.limits.max_id_bytes"] == "256"
     assert info.settings["service.admission.max_judgments_in_flight"] == str(64 * 512)
     assert info.settings["server.receive_timeout_s"] == "30.0"
-    assert info.settings["server.max_message_bytes"] == str(64 * 1024 * 1024)
+    assert info.settings["server.max_message_bytes"] == str(32 * 1024 * 1024)
     assert info.template_versions
     assert info.fake_engines is True  # the fixture serves the fakes, and Info says so
     parl = {x.name: x.meaning for x in info.components["parl_reward"]}

@@ -157,14 +157,17 @@ def test_rayservice_embeds_the_serve_config_and_exposes_grpc() -> None:
     (container,) = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["grpc"] == GRPC_PORT
-    assert container["readinessProbe"]["grpc"]["port"] == GRPC_PORT  # grpc.health.v1
+    # grpc.health.v1 on the health port (server.health_port: auto = the main port + 1)
+    assert load_config(DEPLOY / "reward_server_config.yaml", env={}).server.health_port == "auto"
+    assert ports["grpc-health"] == GRPC_PORT + 1
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == GRPC_PORT + 1
     # the ingress pod's command is written once, in deploy/commands.sh
     assert container["command"] == [f"{INSTALL_ROOT}/deploy/commands.sh", "ingress-node"]
     env = {e["name"]: e for e in container["env"]}
     assert env["RAY_HEAD_ADDRESS"]["value"] == "reward-server-head-svc:6379"
     assert "reward-server-head-svc" not in {s["metadata"]["name"] for s in docs["Service"]}
     assert ports["http"] == load_config(DEPLOY / "reward_server_config.yaml", env={}).server.http.port
-    assert container["startupProbe"]["grpc"]["port"] == GRPC_PORT
     assert pod["terminationGracePeriodSeconds"] > load_config(env={}).server.grace_period_s
     labels = ingress["spec"]["template"]["metadata"]["labels"]
     assert ingress["spec"]["selector"]["matchLabels"] == labels

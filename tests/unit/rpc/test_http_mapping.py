@@ -119,3 +119,14 @@ def test_reply_has_the_kinds_fixed_components_and_a_mask_for_missing() -> None:
     assert logs["s_correct"] == [0.0, 0.0] and logs["s_correct_mask"] == [0.0, 0.0]
     assert logs["policy_invalid"] == [0.0, 1.0]
     assert all(len(v) == 2 and all(math.isfinite(x) for x in v) for v in logs.values())
+
+
+def test_a_score_request_serialized_item_by_item_is_the_same_bytes() -> None:
+    from reward_server.rpc.http import serialized
+
+    for n in (0, 1, 3, 130):
+        request = pb.ScoreRequest(items=[pb.ScoreItem(id=f"i{k}" * (k % 50), rubric_score=pb.RubricScore(
+            text="t" * (k * 997 % 40_000), rules=["r"] * (k % 70))) for k in range(n)])
+        assert serialized(request) == request.SerializeToString()
+    other = pb.VerifyRequest(response="c")
+    assert serialized(other) == other.SerializeToString()
