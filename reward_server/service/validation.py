@@ -248,6 +248,9 @@ class BatchCheck:
     def item(self, item: d.ScoreItem, index: int) -> None:
         self._judgments += self._validator.item(item, index, self._seen)
 
+    def entries(self, n: int, name: str, where: str) -> None:
+        self._validator.count(n, name, where)
+
     def done(self, items: Sequence[d.ScoreItem]) -> ValidatedBatch:
         if self._count != len(items) or len(self._seen) != len(items):
             raise RuntimeError("BatchCheck.done: not every item of the batch was checked")

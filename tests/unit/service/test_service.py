@@ -143,3 +143,21 @@ async def test_induction_resolves_the_default_sample_count_once() -> None:
     plan = s.validator.induce(H, num_samples=0)
     assert plan.samples == s.rubric.induction_samples
     assert s.validator.induce(H, num_samples=3).samples == 3
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+async def test_a_history_over_its_limit_is_refused_before_it_is_converted(weighted: bool) -> None:
+    from reward_server._proto.reward.v1 import reward_pb2 as pb
+    from reward_server.rpc import convert
+
+    parl = pb.ParlReward(policy_output="[]", variant=pb.PARL_VARIANT_A, baselines=["b"],
+                         target=pb.HistoryItem(text="t"),
+                         history=[pb.HistoryItem(text="h")] * 5000)
+    item = (pb.ScoreItem(id="a", weighted=pb.WeightedCombination(parts=[pb.WeightedPart(weight=1, parl_reward=parl)]))
+            if weighted else pb.ScoreItem(id="a", parl_reward=parl))
+    raw = pb.ScoreRequest(items=[item]).SerializeToString()
+    where = r"items\[0\]\.weighted\.parts\[0\]\.parl_reward" if weighted else r"items\[0\]\.parl_reward"
+    # the proto's path, not the converted item's ("items[0] (id ...)"): counted before conversion
+    with pytest.raises(InvalidRequest, match=where + r"\.history: 5000 entries exceed "
+                       r"service\.limits\.max_history_items=64"):
+        await convert.score_items(raw, service().batch_check())
