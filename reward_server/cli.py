@@ -425,10 +425,6 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "serve" and argv is None:  # the program itself, not a test's call
-        from reward_server.rpc.memory import exec_with_system_malloc
-
-        exec_with_system_malloc()  # freed memory goes back to the OS (rpc/memory.py)
     if args.command != "serve":
         _setup_logging("WARNING")
     try:

@@ -10,10 +10,11 @@ were). A no-op where libc has no ``malloc_trim``.
 
 A call that does much work (65,536 judgments) frees hundreds of thousands of small objects
 too; with Python's own small-object allocator those stay in its 1 MiB arenas, which it gives
-back only when they are entirely empty (64 -> 107 MB after three such calls, measured). So
-``reward-server serve`` runs with ``PYTHONMALLOC=malloc`` (:func:`exec_with_system_malloc`),
-which puts them in glibc's heap, and the server trims when it goes idle after calls that
-moved at least ``TRIM_IDLE_BYTES`` (:meth:`Trimmer.idle`): 64 -> 73 MB after the same calls.
+back only when they are entirely empty (64 -> 107 MB after three such calls, measured).
+``PYTHONMALLOC=malloc`` in the server's environment puts them in glibc's heap, which the
+trim after calls that moved at least ``TRIM_IDLE_BYTES`` (:meth:`Trimmer.idle`) returns
+(64 -> 73 MB after the same calls), but it is not the default: it cost the server 35-44 % more
+CPU per item (bench/scaling.py, docs/performance.md), so it is the operator's choice.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import ctypes.util
 import gc
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -121,16 +121,3 @@ def _rss() -> int:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def exec_with_system_malloc() -> None:
-    """Start this process again, as it was started, with ``PYTHONMALLOC=malloc`` (see the
-    module doc) unless that variable is set (to anything: ``PYTHONMALLOC=pymalloc`` keeps
-    Python's allocator); returns only when it is set already or exec is not possible."""
-    if "PYTHONMALLOC" in os.environ or not sys.orig_argv or not sys.executable:
-        return
-    env = {**os.environ, "PYTHONMALLOC": "malloc"}
-    try:
-        os.execve(sys.executable, sys.orig_argv, env)
-    except OSError as e:  # not fatal: the server runs, its memory comes back less
-        logger.warning("could not restart with PYTHONMALLOC=malloc (%s); running as is", e)

@@ -36,18 +36,3 @@ async def test_large_frees_trim_without_waiting_for_idle() -> None:
         pytest.skip("this libc has no malloc_trim")
     t.freed(5 << 20)
     assert await _trims_within(t, 2.0) == 1
-
-
-def test_the_server_restarts_itself_with_the_system_allocator_only_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """PYTHONMALLOC already set (by the restart, or by the operator): no exec."""
-    calls: list[object] = []
-    monkeypatch.setenv("PYTHONMALLOC", "pymalloc")
-    monkeypatch.setattr(memory.os, "execve", lambda *a: calls.append(a))
-    memory.exec_with_system_malloc()
-    assert calls == []
-    monkeypatch.delenv("PYTHONMALLOC")
-    memory.exec_with_system_malloc()
-    (call,) = calls
-    assert call[2]["PYTHONMALLOC"] == "malloc"  # type: ignore[index]
