@@ -21,8 +21,9 @@ throughput it measures; when they slow down, it shrinks. It does not grow while 
 is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
 so calls then wait in the transport, before the handler where latency is measured
 (:class:`~reward_server.service._limiter.LoopLoad`); then the judgment limit is held to Little's
-law, below its floor if need be (one call at a time at least), for calls that take at least
-:data:`SHED_MIN_ALONE_S` alone (refusing cheaper ones costs what serving them does).
+law, never below its floor (one full batch: a lower floor refused the second of two concurrent
+calls on a busy test machine), for calls that take at least :data:`SHED_MIN_ALONE_S` alone
+(refusing cheaper ones costs what serving them does).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -98,9 +99,8 @@ class AdmissionSettings(BaseModel):
         "their replicas on Ray)."
     )
     min_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Floor of the adaptive judgment limit (a saturated event loop "
-        "can take it lower, down to one call at a time). None: one full batch of every engine "
-        "(their batching.max_items, as above)."
+        None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch "
+        "of every engine (their batching.max_items, as above)."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
@@ -435,7 +435,7 @@ class Admission:
         limits = []
         for limit, rate, short, step, lo, hi, under in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             1 if saturated else self.min_judgments, self.cap_judgments, fast and not saturated),
+             self.min_judgments, self.cap_judgments, fast and not saturated),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
              self.cap_calls, fast),
         ):
