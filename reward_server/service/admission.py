@@ -20,10 +20,9 @@ faster than the work admitted, latency stays under the target and the limit grow
 throughput it measures; when they slow down, it shrinks. It does not grow while the event loop
 is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
 so calls then wait in the transport, before the handler where latency is measured
-(:class:`~reward_server.service._limiter.LoopLoad`); then the judgment limit is held to Little's
-law, never below its floor (one full batch: a lower floor refused the second of two concurrent
-calls on a busy test machine), for calls that take at least :data:`SHED_MIN_ALONE_S` alone
-(refusing cheaper ones costs what serving them does).
+(:class:`~reward_server.service._limiter.LoopLoad`); then the judgment limit is held where it
+is (shrinking it there refused the second of two concurrent calls when the loop was busy with
+the callers' own work), for calls that take at least :data:`SHED_MIN_ALONE_S` alone.
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -433,17 +432,17 @@ class Admission:
         fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
         limits = []
-        for limit, rate, short, step, lo, hi, under in (
+        for limit, rate, short, step, lo, hi, grow in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             self.min_judgments, self.cap_judgments, fast and not saturated),
+             self.min_judgments, self.cap_judgments, not saturated),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
-             self.cap_calls, fast),
+             self.cap_calls, True),
         ):
             little = rate * target / P99_OVER_MEAN
-            if under and short:  # more was asked than the limit let in, and latency allows
+            if fast and short and grow:  # more was asked than the limit let in, latency allows
                 limits.append(between(max(little, limit + max(step, limit / 4)), lo, hi))
-            elif under:
-                limits.append(limit)
+            elif fast:  # saturated: held where it is (shrinking it on a loop busy with the
+                limits.append(limit)  # caller's own work refused a second concurrent call)
             else:
                 limits.append(between(min(little, limit), lo, hi))
         self.max_judgments, self.max_calls = limits

@@ -261,7 +261,7 @@ def test_a_huge_call_alone_does_not_set_the_latency_target() -> None:
     assert a.target() == pytest.approx(0.02)  # 3 s for 500 usual calls' work: not the usual
 
 
-def test_a_saturated_event_loop_stops_the_growth_and_shrinks_the_limit() -> None:
+def test_a_saturated_event_loop_stops_the_growth_of_the_limit() -> None:
     """The same engine as above, but the thread serving the calls is busy all the time (its
     CPU clock runs with the wall clock): calls would queue in the transport, unseen by the
     latency measured from the handler, so the limit does not grow past Little's law."""
