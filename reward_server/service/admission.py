@@ -38,7 +38,8 @@ The transport asks in three steps, each before the heavier work that follows it:
 request body (is there room for a call of the usual size?), :meth:`Ticket.add_bytes` with the
 body's size before parsing it (holding the call, its bytes and, provisionally, a usual call's
 judgments, or more when the body is large: its size over the admitted calls' average bytes per
-judgment, so a flood of large bodies is refused before it is parsed), :meth:`Ticket.admit` with
+judgment, up to the room left, so one large body enters beside small calls and a flood of large
+bodies is refused before it is parsed), :meth:`Ticket.admit` with
 its judgments before fanning out. Under overload most refusals come from the first two steps and
 cost no parsing; a call whose request never arrives holds nothing. It is applied after
 authentication, so unauthenticated calls never hold any of it.
@@ -351,13 +352,18 @@ class Admission:
             self._hold(ticket, 0, nbytes)
             return
         usual = self._usual() if ticket.judged else 0
-        if self._bytes_per_judgment and ticket.judged:  # a large body: estimate its judgments
-            estimate = round(nbytes / self._bytes_per_judgment)
-            usual = max(usual, min(estimate, self.max_judgments or estimate))
         refused = self._room_error(usual, ticket.judged, "after_read")
         if refused is not None:
             raise refused
-        self._hold(ticket, usual, nbytes, 1)
+        hold = usual
+        if self._bytes_per_judgment and ticket.judged:  # a large body: estimate its judgments
+            estimate = round(nbytes / self._bytes_per_judgment)
+            # held up to the room left, not refused on it: bytes only estimate judgments (a
+            # long id or history is not work), so one large body still enters beside small
+            # calls, and the next large body finds the room taken and is refused unparsed
+            room = estimate if self.max_judgments is None else self.max_judgments - self.judgments
+            hold = max(usual, min(estimate, room))
+        self._hold(ticket, hold, nbytes, 1)
 
     def _admit(self, ticket: Ticket, judgments: int) -> None:
         others = self.judgments - ticket.judgments  # without this call's provisional hold

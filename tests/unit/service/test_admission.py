@@ -235,7 +235,8 @@ async def test_a_call_waits_at_most_max_wait_s() -> None:
 
 def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> None:
     """Admitted calls average 10 bytes per judgment; a 700-byte body then holds ~70 judgments
-    as soon as it is read, so a second one is refused before anyone parses it."""
+    as soon as it is read, the next one the 30 left, so a third is refused before anyone
+    parses it."""
     a = Admission(max_judgments=100, max_bytes=None, seed=0)
     t = a.enter()
     t.add_bytes(20)
@@ -244,10 +245,30 @@ def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> Non
     big = a.enter()
     big.add_bytes(700)
     assert big.judgments == 70
-    other = a.enter()
-    with pytest.raises(Overloaded, match="70 judgments in flight"):
-        other.add_bytes(700)
+    second = a.enter()
+    second.add_bytes(700)
+    assert second.judgments == 30  # the room left, not refused on an estimate
+    with pytest.raises(Overloaded, match="100 judgments in flight"):
+        a.enter()
     big.release()
+    second.release()
+    assert a.judgments == 0
+
+
+def test_a_body_estimated_past_the_limit_still_enters_beside_a_small_call() -> None:
+    """Bytes only estimate judgments: a call with a 20 KB id is one judgment. It enters beside
+    a small call in flight (holding the room left until parsed) and is judged on what it is."""
+    a = Admission(max_judgments=8, max_bytes=None, seed=0)
+    t = a.enter()
+    t.add_bytes(30)
+    t.admit(1)  # 30 bytes per judgment; keep this one in flight
+    big = a.enter()
+    big.add_bytes(20_000)  # estimated ~667 judgments: more than the whole limit
+    assert big.judgments == 7  # the room left beside the call in flight
+    big.admit(1)
+    assert a.judgments == 2
+    big.release()
+    t.release()
     assert a.judgments == 0
 
 
