@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -381,8 +381,14 @@ def _register_eval(eval_sub: Any) -> None:
     from reward_server.eval import nli as eval_nli
     from reward_server.eval import parl as eval_parl
 
-    eval_parl.register(eval_sub)
-    eval_nli.register(eval_sub)
+    def showing(run: Callable[[argparse.Namespace], str]) -> Callable[[argparse.Namespace], int]:
+        def cmd(args: argparse.Namespace) -> int:
+            print(run(args))  # the report; bad input raises and main explains it (exit 2)
+            return 0
+        return cmd
+
+    eval_parl.register(eval_sub).set_defaults(fn=showing(eval_parl.run_parl_eval))
+    eval_nli.register(eval_sub).set_defaults(fn=showing(eval_nli.run_nli_eval))
 
 
 USER_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "INVALID_ARGUMENT"})

@@ -22,7 +22,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import sys
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +42,8 @@ from reward_server.nli.settings import NLISettings
 from reward_server.nli.verifier import VerifyInput, template_versions, verify_batch
 from reward_server.serving.engines import JudgeFactory, NLIFactory
 
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalItem:
@@ -50,8 +52,9 @@ class EvalItem:
     gold: Regime | None
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``nli`` command to an argparse subparsers object."""
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``nli`` command to an argparse subparsers object (the caller sets its ``fn``:
+    :func:`run_nli_eval` returns the report to show)."""
     p = subparsers.add_parser("nli", help="NLICV: confusion matrix vs LLM-as-judge, robustness vs classic metrics")
     p.add_argument("--input", type=Path, help="items.jsonl: {response, answer, preference, regime?} per line")
     p.add_argument("--pairs", type=Path, help="pairs.jsonl: {response, reference, label} (robustness)")
@@ -66,7 +69,7 @@ def register(subparsers: Any) -> None:
                    help="'fit' (best accuracy on the unperturbed pairs) or a fixed number such as 0.5")  # fmt: skip
     add_classic_args(p)
     add_config_args(p, example="nli")
-    p.set_defaults(fn=run_nli_eval)
+    return p  # type: ignore[no-any-return]
 
 
 def read_items(path: Path) -> list[EvalItem]:
@@ -229,22 +232,22 @@ async def _robustness(
 
 def run_nli_eval(
     args: argparse.Namespace, *, judge_factory: JudgeFactory | None = None, nli_factory: NLIFactory | None = None
-) -> int:
-    """Entry point of ``eval nli``; 0 on success, 2 on bad input."""
+) -> str:
+    """Entry point of ``eval nli``: writes the outputs under ``--out`` and returns the report.
+    Bad input raises ValueError (or OSError for a file that cannot be read)."""
     from reward_server.serving import start_engines
 
     config = load_config(args.config, overrides=overrides(args))
-    try:
-        items = read_items(args.input) if args.input else []
-        pairs = read_pairs(args.pairs) if args.pairs else []
-        if args.classic_threshold != "fit":
+    items = read_items(args.input) if args.input else []
+    pairs = read_pairs(args.pairs) if args.pairs else []
+    if args.classic_threshold != "fit":
+        try:
             float(args.classic_threshold)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        except ValueError:
+            raise ValueError(f"--classic-threshold {args.classic_threshold!r}: give 'fit' or a "
+                             "number such as 0.5") from None
     if not items and not pairs:
-        print("error: nothing to evaluate: give --input items.jsonl and/or --pairs pairs.jsonl", file=sys.stderr)
-        return 2
+        raise ValueError("nothing to evaluate: give --input items.jsonl and/or --pairs pairs.jsonl")
     use_judge = bool(items) and not args.no_llm_judge and config.engines.judge is not None
     engines = start_engines(config.engines, config.serving, require=("nli", "judge") if use_judge else ("nli",),
                             judge_factory=judge_factory, nli_factory=nli_factory)  # fmt: skip
@@ -262,11 +265,7 @@ def run_nli_eval(
         finally:
             await engines.close()
 
-    try:
-        asyncio.run(go())
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    asyncio.run(go())
     if items and not use_judge:
         why = "--no-llm-judge" if args.no_llm_judge else "engines.judge is not set (set it, or use --fake)"
         doc["llm_judge"] = {"missing": why}
@@ -285,9 +284,7 @@ def run_nli_eval(
         for name, writer in (("confusion.png", write_confusion), ("robustness.png", write_robustness)):
             if writer(doc, output(out, "nli", name)):
                 written.append(output(out, "nli", name))
-    print(format_all(doc))
-    print("wrote " + ", ".join(str(p) for p in written))
     if old := old_outputs(out, "nli"):
-        print(f"note: {', '.join(str(p) for p in old)} in {out} are from an earlier run (names before "
-              "nli_eval.json, nli_samples.jsonl, nli_*.png); not updated", file=sys.stderr)
-    return 0
+        logger.warning("%s in %s are from an earlier run (names before nli_eval.json, "
+                       "nli_samples.jsonl, nli_*.png); not updated", ", ".join(map(str, old)), out)
+    return format_all(doc) + "\nwrote " + ", ".join(str(p) for p in written)

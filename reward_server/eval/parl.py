@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +58,9 @@ class ParlOptions:
     classic: ClassicSettings | None = dataclasses.field(default_factory=ClassicSettings)  # None: none
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``parl`` command to an argparse subparsers object."""
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``parl`` command to an argparse subparsers object (the caller sets its ``fn``:
+    :func:`run_parl_eval` returns the report to show)."""
     p = subparsers.add_parser("parl", help="PARL comparison table: rubrics, LLM-as-judge, classic metrics")
     p.add_argument("--rubrics", required=True, type=Path, help="R.jsonl: {user_id, rules, task?} per line")
     p.add_argument("--predictions", required=True, type=Path, help="folder of <method>.jsonl (and gt.jsonl)")
@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--judge-max-new-tokens", type=int, default=8, help="LLM-as-judge answer length")
     add_classic_args(p)
     add_config_args(p, example="parl")
-    p.set_defaults(fn=run_parl_eval)
+    return p  # type: ignore[no-any-return]
 
 
 async def judge_samples(
@@ -226,23 +226,21 @@ def sample_records(
     return out
 
 
-def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | None = None) -> int:
-    """Entry point of ``reward-server eval parl``; returns the exit code."""
+def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | None = None) -> str:
+    """Entry point of ``reward-server eval parl``: writes the outputs under ``--out`` and
+    returns the report (the table and the files written). Bad input raises ValueError (or
+    OSError for a file that cannot be read), naming the file, the line and the fix."""
     from reward_server.config import load_config
     from reward_server.serving import start_engines
 
     cfg = load_config(args.config, overrides=overrides(args))
-    try:
-        rubrics = read_rubrics(args.rubrics)
-        methods = read_methods(args.predictions, args.gt)
-        history = read_history(args.history) if args.history and not args.no_llm_judge else None
-        options = ParlOptions(
-            gt=args.gt, chunk=args.chunk, progress=not args.no_progress, history=history,
-            judge_max_new_tokens=args.judge_max_new_tokens, classic=classic_settings(args),
-        )  # fmt: skip
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    rubrics = read_rubrics(args.rubrics)
+    methods = read_methods(args.predictions, args.gt)
+    history = read_history(args.history) if args.history and not args.no_llm_judge else None
+    options = ParlOptions(
+        gt=args.gt, chunk=args.chunk, progress=not args.no_progress, history=history,
+        judge_max_new_tokens=args.judge_max_new_tokens, classic=classic_settings(args),
+    )  # fmt: skip
     engines = start_engines(cfg.engines, cfg.serving, require=("judge",), judge_factory=judge_factory)
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -251,11 +249,7 @@ def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | Non
         finally:
             await engines.close()
 
-    try:
-        result, records = asyncio.run(go())
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result, records = asyncio.run(go())
     if args.no_llm_judge:
         result["llm_judge"] = {"missing": "--no-llm-judge"}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -266,6 +260,4 @@ def run_parl_eval(args: argparse.Namespace, *, judge_factory: JudgeFactory | Non
     written = [output(args.out, "parl", "eval.json"), samples]
     if not args.no_plot and plot(doc, output(args.out, "parl", "eval.png")):
         written.append(output(args.out, "parl", "eval.png"))
-    print(format_table(doc))
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+    return format_table(doc) + "\nwrote " + ", ".join(str(p) for p in written)

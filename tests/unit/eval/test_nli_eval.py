@@ -64,7 +64,7 @@ def test_read_items_rejects_bad_lines(tmp_path: Path) -> None:
         read_items(f)
 
 
-def test_eval_nli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_nli_command(tmp_path: Path) -> None:
     response = "Paris is the capital of France. Museums line the river."
     rows = [
         {"id": "p", "response": response, "answer": "Paris", "preference": "museums",
@@ -87,7 +87,7 @@ def test_eval_nli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     def judge(settings: JudgeSettings) -> FakeJudge:
         return FakeJudge(scripted=['Both checked. {"correct": 0.9, "aligned": 0.2}'])
 
-    assert run_nli_eval(args, judge_factory=judge) == 0
+    report = run_nli_eval(args, judge_factory=judge)
     summary = json.loads((out / "nli_eval.json").read_text())
     assert summary["mean_acc"] == pytest.approx(0.75)
     assert summary["n_items"] == 5 and summary["n_labelled"] == 4
@@ -107,16 +107,16 @@ def test_eval_nli_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert lines[0]["judge"] == {"s_correct": 0.9, "s_aligned": 0.2, "status": "ok", "regime": "generalization",
                                  "answer": 'Both checked. {"correct": 0.9, "aligned": 0.2}'}  # fmt: skip
     assert (out / "nli_confusion.png").stat().st_size > 1000 and not (out / "nli_robustness.png").exists()
-    table = capsys.readouterr().out
+    table = report
     assert "NLI verifier fake-nli" in table and "LLM-as-judge fake-judge" in table and "75.00" in table
 
 
-def test_shipped_example_every_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_shipped_example_every_column(tmp_path: Path) -> None:
     ex = EXAMPLES / "nli"
     out = tmp_path / "out"
     args = parse(["--input", str(ex / "items.jsonl"), "--pairs", str(ex / "pairs.jsonl"), "--out", str(out),
                   "--fake", "--no-progress", "--rates", "0,0.5,1"])  # fmt: skip
-    assert run_nli_eval(args) == 0
+    report = run_nli_eval(args)
     doc = json.loads((out / "nli_eval.json").read_text())
     assert doc["n_labelled"] == 40 and {r["regime"] for r in doc["per_regime"]} == {r.value for r in Regime}
     j = doc["llm_judge"]  # the fake judge's answers are rubric JSON, never a verdict: all counted wrong
@@ -131,20 +131,21 @@ def test_shipped_example_every_column(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(rob["std"]) == set(rob["mean"]) == methods
     costs = {c["method"] for c in doc["cost"]}
     assert costs >= {"NLI verifier (regimes)", "LLM-as-judge (JSON)", "NLI verifier (pairs)"}
-    table = capsys.readouterr().out
+    table = report
     assert "Table 1 shape" in table and "Table 3 shape" in table and "Cost per item" in table
     assert (out / "nli_robustness.png").is_file() and (out / "nli_confusion.png").is_file()
 
 
-def test_nothing_to_do_and_missing_judge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_nli_eval(parse(["--out", str(tmp_path), "--fake"])) == 2
+def test_nothing_to_do_and_missing_judge(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nothing to evaluate: give --input"):
+        run_nli_eval(parse(["--out", str(tmp_path), "--fake"]))
     ex = EXAMPLES / "nli"
     args = parse(["--input", str(ex / "items.jsonl"), "--out", str(tmp_path / "o"), "--set", "engines.nli.kind=fake",
                   "--no-progress", "--no-plot"])  # fmt: skip
-    assert run_nli_eval(args) == 0
+    report = run_nli_eval(args)
     doc = json.loads((tmp_path / "o" / "nli_eval.json").read_text())
     assert doc["llm_judge"] == {"missing": "engines.judge is not set (set it, or use --fake)"}
-    assert "LLM-as-judge: not run" in capsys.readouterr().out
+    assert "LLM-as-judge: not run" in report
 
 
 def test_outputs_follow_one_scheme_and_old_names_are_found(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from reward_server import cli
 from reward_server.backends.base import GenerationRequest
 from reward_server.backends.fake import FakeJudge
 from reward_server.backends.settings import JudgeSettings
@@ -47,7 +48,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(["parl", *argv])
 
 
-def test_eval_parl_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_parl_table(tmp_path: Path) -> None:
     write(tmp_path / "R.jsonl", [
         {"user_id": "u1", "rules": [RA, RB], "task": "amazon"},
         {"user_id": "u2", "rules": [RA]},
@@ -77,7 +78,7 @@ def test_eval_parl_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     args = parse(["--rubrics", str(tmp_path / "R.jsonl"), "--predictions", str(pred), "--out", str(out),
                   "--history", str(tmp_path / "H.jsonl"), "--set", "engines.judge.kind=fake", "--no-progress",
                   "--metrics", "rouge1,bleu"])  # fmt: skip
-    assert run_parl_eval(args, judge_factory=factory) == 0
+    report = run_parl_eval(args, judge_factory=factory)
     res = json.loads((out / "parl_eval.json").read_text())
     assert res["coverage_percent"] == pytest.approx(200 / 3) and res["avg_valid_rules"] == 1.0
     gt, rag, sft = (res["methods"][m] for m in ("gt", "rag", "sft"))
@@ -111,18 +112,18 @@ def test_eval_parl_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     rag_u3 = next(r for r in samples if (r["method"], r["user_id"]) == ("rag", "u3"))
     assert rag_u3["p_yes"] == [] and rag_u3["llm_judge"] == {"score": None, "status": "out_of_range", "answer": "9"}
     assert rag_u3["classic"]["rouge1"] == 0.0 and len(samples) == 8
-    table = capsys.readouterr().out
+    table = report
     assert "gt (GT)" in table and "Max-Diff (rubrics, user-level): 50.00 pts vs rag" in table
     assert "unparsable/out-of-range answers: gt 1/0, rag 0/1, sft 2/0" in table
     assert "Cost per item" in table
 
 
-def test_shipped_example_every_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_shipped_example_every_column(tmp_path: Path) -> None:
     ex = EXAMPLES / "parl"
     out = tmp_path / "out"
     args = parse(["--rubrics", str(ex / "rubrics.jsonl"), "--predictions", str(ex / "predictions"),
                   "--history", str(ex / "history.jsonl"), "--out", str(out), "--fake", "--no-progress"])  # fmt: skip
-    assert run_parl_eval(args) == 0
+    report = run_parl_eval(args)
     res = json.loads((out / "parl_eval.json").read_text())
     assert set(res["methods"]) == {"gt", "Non", "RAG", "SFT", "GRPO", "SFT+GRPO"}
     computed = set(res["classic"]["computed"])
@@ -134,15 +135,19 @@ def test_shipped_example_every_column(tmp_path: Path, capsys: pytest.CaptureFixt
             assert all(m["classic"][k] is not None for k in computed)
     assert res["max_diff"]["best_method"] in res["methods"] and "llm_judge" in res
     assert {c["method"] for c in res["cost"]} == {"rubric judge (p_yes)", "LLM-as-judge (1-5)", *computed}
-    table = capsys.readouterr().out
+    table = report
     assert all(LABELS[k] in table for k in METRICS) and "LLM-judge" in table
     assert (out / "parl_eval.png").is_file()
 
 
-def test_missing_gt_is_an_error(tmp_path: Path) -> None:
+def test_missing_gt_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the command line: one line naming the folder and the fix, exit code 2."""
     write(tmp_path / "R.jsonl", [{"user_id": "u1", "rules": [RA]}])
     (tmp_path / "p").mkdir()
     write(tmp_path / "p" / "rag.jsonl", [{"user_id": "u1", "text": "alpha"}])
-    args = parse(["--rubrics", str(tmp_path / "R.jsonl"), "--predictions", str(tmp_path / "p"), "--out",
-                  str(tmp_path / "o"), "--set", "engines.judge.kind=fake", "--no-progress"])  # fmt: skip
-    assert run_parl_eval(args) == 2
+    argv = ["eval", "parl", "--rubrics", str(tmp_path / "R.jsonl"), "--predictions", str(tmp_path / "p"),
+            "--out", str(tmp_path / "o"), "--set", "engines.judge.kind=fake", "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {tmp_path / 'p'} has no gt.jsonl (the ground truth; --gt names it)"
+    assert not (tmp_path / "o").exists()
