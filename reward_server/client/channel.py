@@ -123,7 +123,11 @@ class RetryBudget:
                 "initialBackoff": f"{self.backoff_initial_s:.3f}s",
                 "maxBackoff": f"{self.backoff_cap_s:.3f}s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": sorted(c.name for c in RETRYABLE),
+                # RESOURCE_EXHAUSTED is resent by the client itself, on the server's pushback
+                # until the deadline: gRPC would also resend a message over a size cap (the
+                # same status), seconds of backoff before the client can say what is wrong
+                "retryableStatusCodes": sorted(c.name for c in RETRYABLE - {
+                    grpc.StatusCode.RESOURCE_EXHAUSTED}),
             }
         probe = {"name": [{"service": HEALTH}], "waitForReady": False}
         return json.dumps({"loadBalancingConfig": [{"round_robin": {}}],

@@ -45,6 +45,7 @@ import asyncio
 import functools
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -121,9 +122,32 @@ def _pushback_s(e: grpc.aio.AioRpcError) -> float | None:
     return ms / 1000 if ms >= 0 else None
 
 
+_TOO_LARGE = re.compile(r"(SERVER|CLIENT): (Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
+
+
+def _too_large(code: grpc.StatusCode, details: str) -> str | None:
+    """gRPC's refusal of a message over a side's size cap (RESOURCE_EXHAUSTED, like overload,
+    but no retry can help): what happened and how to fix it; None for anything else."""
+    m = _TOO_LARGE.search(details) if code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    if m is None:
+        return None
+    side, verb, size, cap = m.groups()
+    if side == "SERVER" and verb == "Received":
+        return (f"the request is {int(size):,} bytes, over the server's message cap of "
+                f"{int(cap):,} (server.max_message_bytes); send fewer or shorter items per call")
+    if side == "CLIENT" and verb == "Sent":
+        return (f"the request is {int(size):,} bytes, over this client's max_message_bytes of "
+                f"{int(cap):,}; send fewer or shorter items per call")
+    return (f"a response of {int(size):,} bytes is over the message cap of {int(cap):,} "
+            f"({side.lower()} side: the client's max_message_bytes or the server's "
+            "server.max_message_bytes); ask for fewer items per call")
+
+
 def _one_callers_fault(e: BaseException) -> bool:
-    """A merged call refused for what one caller sent (resent caller by caller)."""
-    return isinstance(e, RewardCallError) and e.code is grpc.StatusCode.INVALID_ARGUMENT
+    """A merged call refused for what one caller sent, or too large as a whole (resent caller
+    by caller)."""
+    return isinstance(e, RewardCallError) and (
+        e.code is grpc.StatusCode.INVALID_ARGUMENT or _too_large(e.code, e.details) is not None)
 
 
 class AsyncRewardClient:
@@ -230,6 +254,9 @@ class AsyncRewardClient:
             if code is grpc.StatusCode.DEADLINE_EXCEEDED and wfr and self._unreachable():
                 code, details = await self._why_unreachable(method, request, reserve)
                 raise RewardCallError(method, code, details, attempts=made)
+            too_large = _too_large(code, details)
+            if too_large is not None:  # not overload: resending the same bytes cannot help
+                raise RewardCallError(method, code, f"{too_large} ({details})", attempts=made)
             left = deadline - time.monotonic()
             if code is grpc.StatusCode.RESOURCE_EXHAUSTED and budget.attempts > 1:
                 # the server is up and says when to come back: wait for it until the deadline,

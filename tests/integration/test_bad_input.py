@@ -170,3 +170,35 @@ async def test_message_over_max_size_is_resource_exhausted() -> None:
         err = await _with_concurrent_good_call(r, lambda c: c.score([big]))
     assert isinstance(err, RewardCallError)
     assert err.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _long_item(item_id: str, nbytes: int) -> d.ScoreItem:
+    return d.ScoreItem(item_id, d.NliConstraintsSpec(response="r" * nbytes, answer="a", preference="p"))
+
+
+async def test_a_request_over_the_servers_message_cap_fails_at_once_naming_the_setting() -> None:
+    """gRPC refuses it RESOURCE_EXHAUSTED, the status of overload; the client must not resend
+    the same bytes until its deadline but say what is wrong, after one attempt."""
+    caps = ["server.max_message_bytes=100000", "service.limits.max_text_bytes=1000000",
+            "service.limits.max_item_bytes=1000000"]
+    async with running_server(caps) as r, r.client(timeout_s=30) as c:
+        with pytest.raises(RewardCallError) as e:
+            await c.score([_long_item("x", 200_000)])
+        assert await c.score([_long_item("y", 60_000)])  # under the cap: served
+    assert e.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.attempts == 1
+    assert "over the server's message cap of 100,000 (server.max_message_bytes)" in e.value.details
+
+
+async def test_merged_calls_over_the_message_cap_are_resent_caller_by_caller() -> None:
+    """Two callers' items fit one by one but not merged: each gets its own result."""
+    from reward_server.client import CoalesceSettings
+
+    caps = ["server.max_message_bytes=100000", "service.limits.max_text_bytes=1000000",
+            "service.limits.max_item_bytes=1000000"]
+    async with running_server(caps) as r, r.client(
+            timeout_s=30, coalesce=CoalesceSettings(window_s=0.05)) as c:
+        a, b = await asyncio.gather(c.score([_long_item("a", 60_000)]),
+                                    c.score([_long_item("b", 60_000)]))
+        assert c._coalescer is not None and c._coalescer.calls_sent == 3  # 1 merged, 2 alone
+    assert [x.item_id for x in a] == ["a"] and [x.item_id for x in b] == ["b"]
+    assert a[0].status is b[0].status is d.ItemStatus.OK

@@ -96,7 +96,9 @@ def test_the_budget_is_grpcs_service_config() -> None:
                                                         "waitForReady": False}
     assert method["retryPolicy"] == {"maxAttempts": 5, "initialBackoff": "0.100s", "maxBackoff": "2.000s",
                                      "backoffMultiplier": 2,
-                                     "retryableStatusCodes": ["CANCELLED", "RESOURCE_EXHAUSTED", "UNAVAILABLE"]}
+                                     "retryableStatusCodes": ["CANCELLED", "UNAVAILABLE"]}
+    # RESOURCE_EXHAUSTED is the client's own loop (pushback until the deadline; a message over
+    # a size cap is the same status and must not be resent)
     assert b.rounds == 3  # 12 attempts: gRPC's cap of 5 per call, so up to 3 calls
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         RetryBudget(attempts=0)
