@@ -20,9 +20,12 @@ faster than the work admitted, latency stays under the target and the limit grow
 throughput it measures; when they slow down, it shrinks. It does not grow while the event loop
 is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
 so calls then wait in the transport, before the handler where latency is measured
-(:class:`~reward_server.service._limiter.LoopLoad`); then the judgment limit is held where it
-is (shrinking it there refused the second of two concurrent calls when the loop was busy with
-the callers' own work), for calls that take at least :data:`SHED_MIN_ALONE_S` alone.
+(:class:`~reward_server.service._limiter.LoopLoad`), for calls that take at least
+:data:`SHED_MIN_ALONE_S` alone. Saturated and refusing calls for lack of room (overloaded:
+a loop merely busy with the callers' own work, as in a test, refuses nothing at the floor), the
+judgment limit goes to Little's law, under its floor down to one usual call; with the loop
+back under :data:`SATURATED` it returns to the floor at once. Saturated without refusals it is
+held where it is.
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -437,19 +440,28 @@ class Admission:
                      and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
         fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
+        # overloaded, not just busy: saturated AND calls refused for lack of room (a loop
+        # busy with the callers' own work, as in a test, refuses nothing at the floor). Only
+        # then may the judgment limit go under its floor, to Little's law down to one usual
+        # call: with the ingress the bottleneck a fuller engine batch buys nothing, and every
+        # call admitted beyond that only waits. Not saturated, it is back at the floor at once.
+        shed = saturated and sum(w.short.values()) > 0
         limits = []
         for limit, rate, short, step, lo, hi, grow in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             self.min_judgments, self.cap_judgments, not saturated),
+             min(usual, self.min_judgments) if shed else self.min_judgments,
+             self.cap_judgments, not saturated),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
              self.cap_calls, True),
         ):
             little = rate * target / P99_OVER_MEAN
-            if fast and short and grow:  # more was asked than the limit let in, latency allows
+            if shed and lo < self.min_judgments:  # (the judgment limit only)
+                limits.append(between(min(little, limit), lo, hi))
+            elif fast and short and grow:  # more was asked than the limit let in, latency allows
                 limits.append(between(max(little, limit + max(step, limit / 4)), lo, hi))
-            elif fast:  # saturated: held where it is (shrinking it on a loop busy with the
-                limits.append(limit)  # caller's own work refused a second concurrent call)
-            else:
+            elif fast:  # saturated but nothing refused: held where it is (shrinking it on a
+                limits.append(max(limit, lo))  # loop busy with the callers' own work refused
+            else:  # a second concurrent call)
                 limits.append(between(min(little, limit), lo, hi))
         self.max_judgments, self.max_calls = limits
         metrics.set_admission_limits(self.max_judgments, self.max_calls)

@@ -305,6 +305,53 @@ def test_a_saturated_event_loop_stops_the_growth_of_the_limit() -> None:
     assert cheap.loop_busy == pytest.approx(1.0) and cheap.max_judgments >= 400
 
 
+class Cpu:
+    """A thread CPU clock that runs with ``clock`` while ``busy`` (a saturated loop)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.busy, self.t, self.last = clock, True, 0.0, clock.now
+
+    def __call__(self) -> float:
+        if self.busy:
+            self.t += self.clock.now - self.last
+        self.last = self.clock.now
+        return self.t
+
+
+def test_an_overloaded_saturated_loop_sheds_under_the_floor_and_returns_to_it() -> None:
+    """An ingress-bound server (its loop saturated, the engine's batches buy nothing: one call
+    at a time takes 10 ms, n take n x 10 ms) refusing calls: the judgment limit goes under its
+    floor (4 calls) to Little's law, about one call at a time; with the loop no longer
+    saturated it is back at the floor in one window."""
+    clock = Clock()
+    cpu = Cpu(clock)
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=400, min_calls=16, clock=clock, cpu_clock=cpu, seed=0)
+    serial = lambda n: 0.01 * max(1, n)  # noqa: E731
+    _load(a, clock, offered=1, seconds=1.0, took_s=serial)
+    assert a.max_judgments == 400
+    admitted = _load(a, clock, offered=8, seconds=5.0, took_s=serial)
+    assert a.loop_busy == pytest.approx(1.0)
+    assert 100 <= a.max_judgments < 200  # one call of 100 judgments at a time
+    assert sum(admitted[-20:]) / 20 == 1
+    cpu.busy = False  # the overload is over: the loop idles between calls
+    _load(a, clock, offered=2, seconds=1.0, took_s=serial)
+    assert a.max_judgments >= 400
+
+
+def test_a_busy_loop_refusing_nothing_keeps_its_floor() -> None:
+    """Saturated by the callers' own work (a test's client on the server's loop), but every
+    call fits: the limit stays at its floor, so two concurrent calls are never refused."""
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=400, min_calls=16, clock=clock, cpu_clock=clock, seed=0)
+    serial = lambda n: 0.01 * max(1, n)  # noqa: E731
+    _load(a, clock, offered=1, seconds=1.0, took_s=serial)
+    admitted = _load(a, clock, offered=2, seconds=5.0, took_s=serial)
+    assert a.loop_busy == pytest.approx(1.0) and a.refused == 0
+    assert a.max_judgments == 400 and set(admitted) == {2}
+
+
 def test_refused_callers_are_spread_over_the_completions() -> None:
     """Each refused caller is told to come back after the ones refused before it, spaced by
     the completion rate (times RETRIES_PER_COMPLETED), not all after one call's duration."""
