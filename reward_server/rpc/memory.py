@@ -33,6 +33,7 @@ TRIM_AFTER_BYTES = 32 * 1024 * 1024  # freed since the last trim
 TRIM_IDLE_BYTES = 1024 * 1024  # ... or this many, once no call is in flight
 MIN_INTERVAL_S = 1.0
 DELAY_S = 0.2  # after the call that crossed the threshold, so that its frames are gone
+WATCH_S = 2.0  # how often an idle server looks at its RSS (Trimmer.watch)
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -81,6 +82,15 @@ class Trimmer:
         self._scheduled = True
         wait = max(DELAY_S, MIN_INTERVAL_S - (time.monotonic() - self._last))
         asyncio.get_running_loop().call_later(wait, self._start, True)
+
+    async def watch(self, busy: Callable[[], bool], every_s: float = WATCH_S) -> None:
+        """Run :meth:`idle` every ``every_s`` while ``busy()`` is false (until cancelled):
+        memory that grew without a call ending (connections that never made one; an HTTP body
+        refused while it was read) is given back too, not only after the next call."""
+        while True:
+            await asyncio.sleep(every_s)
+            if not busy():
+                self.idle()
 
     def _start(self, idle: bool = False) -> None:
         self._scheduled = False

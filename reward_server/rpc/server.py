@@ -85,12 +85,15 @@ class RewardGrpcServer:
         self._settings = settings
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._watch: asyncio.Future[None] | None = None  # the idle memory watch
 
     async def start(self) -> None:
         await self.server.start()
         if self.health_server is not None:
             await self.health_server.start()
         await self.monitor.start()
+        self._watch = asyncio.ensure_future(
+            self.servicer.trimmer.watch(lambda: self.servicer.active > 0))
 
     async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
         """Drain (see the module doc) and stop."""
@@ -103,6 +106,8 @@ class RewardGrpcServer:
         drain_delay = s.drain_delay_s if drain_delay is None else drain_delay
         logger.info("draining: NOT_SERVING, serving for %.1fs, grace %.1fs", drain_delay, grace)
         await _bounded(self.monitor.stop(), STEP_BOUND_S, "stopping the health watcher")
+        if self._watch is not None:
+            self._watch.cancel()
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
         deadline = time.monotonic() + grace

@@ -36,3 +36,25 @@ async def test_large_frees_trim_without_waiting_for_idle() -> None:
         pytest.skip("this libc has no malloc_trim")
     t.freed(5 << 20)
     assert await _trims_within(t, 2.0) == 1
+
+
+async def test_an_idle_server_gives_back_memory_that_grew_without_a_call() -> None:
+    """Memory that grew with no call ending (connections that never made one, a body refused
+    while it was read) is trimmed by the watch while nothing is in flight, not at the next
+    call; while calls are in flight the watch leaves it to them."""
+    t = Trimmer()
+    if t._trim is None:
+        pytest.skip("this libc has no malloc_trim")
+    busy = True
+    watch = asyncio.ensure_future(t.watch(lambda: busy, every_s=0.05))
+    try:
+        held = [bytes(2048) for _ in range(20_000)]  # ~40 MB of heap ...
+        top = held[-1]  # ... freed but for its last block: glibc cannot shrink the heap
+        del held  # past it by itself, malloc_trim gives back the pages under it
+        assert await _trims_within(t, 0.5) == 0  # busy: not the watch's business
+        busy = False
+        assert await _trims_within(t, 2.0) == 1
+        assert await _trims_within(t, 0.5) == 1  # the RSS it left is the new floor
+    finally:
+        watch.cancel()
+    assert len(top) == 2048
