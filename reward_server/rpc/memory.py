@@ -95,6 +95,7 @@ class Trimmer:
     def _start(self, idle: bool = False) -> None:
         self._scheduled = False
         if self._running or self._trim is None:  # the next free schedules again
+            logger.debug("trim skipped: one is running")
             return
         self._freed = 0
         self._last = time.monotonic()
@@ -117,6 +118,7 @@ class Trimmer:
     def _done(self, fut: asyncio.Future[int]) -> None:
         self._running = False
         self._floor = _rss()
+        logger.debug("trimmed the heap (trim %d): RSS now %.0f MB", self.trims, self._floor / 1e6)
         if not fut.cancelled() and fut.exception() is not None:
             logger.warning("malloc_trim failed: %s", fut.exception())
 
