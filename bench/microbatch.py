@@ -2,7 +2,7 @@
 with and without client-side micro-batching (:mod:`reward_server.client.coalesce`), against the fake
 engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run.
 
-    python bench/microbatch.py                    # N=256 callers, 8 calls each, per row
+    python bench/microbatch.py                    # N=256 callers, 32 calls each, per row
     python bench/microbatch.py --callers 256 --calls 16 --window-ms 2
     python bench/microbatch.py --no-ray           # in-process only
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workload import make_items, pct
 
 from reward_server import domain as d
-from reward_server.app import start_app
+from reward_server.app import start_app, tune_gc_for_serving
 from reward_server.client import AsyncRewardClient, CoalesceSettings
 from reward_server.config import load_config
 
@@ -89,6 +89,8 @@ def _refused() -> float:
 async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     app = await start_app(load_config(overrides=["server.port=0", "server.drain_delay_s=0", FAKE,
                                                  *overrides, *args.overrides], env={}))
+    if not args.gc_default:
+        tune_gc_for_serving()  # this process is the server: tuned as `reward-server serve` is
     rows = {}
     refused = _refused()
     try:
@@ -131,7 +133,8 @@ def ratio(a: dict[str, dict[str, Any]] | None, ma: str, b: dict[str, dict[str, A
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--callers", type=int, default=256, help="concurrent 1-item callers (N)")
-    ap.add_argument("--calls", type=int, default=8, help="calls per caller, in a row")
+    ap.add_argument("--calls", type=int, default=32, help="calls per caller, in a row (8: the "
+                    "merged rows last under a second, and their ratio varied 3.8-5.3x run to run)")
     ap.add_argument("--window-ms", type=float, default=1000 * CoalesceSettings.window_s)
     ap.add_argument("--max-items", type=int, default=CoalesceSettings.max_items)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve hosting")
@@ -140,6 +143,8 @@ async def main() -> None:
                     help="rows to run (default both; the ratios need both)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a server config override (repeatable), e.g. service.admission.enabled=false")
+    ap.add_argument("--gc-default", action="store_true",
+                    help="leave Python's GC as it is (default: tuned as `reward-server serve` tunes it)")
     ap.add_argument("--client", help=argparse.SUPPRESS)  # the callers' process: the server's target
     ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -55,22 +54,11 @@ def _load(args: argparse.Namespace, extra: Sequence[str] = ()) -> RewardServerCo
 FAKE_ENGINES = "engines={judge: {kind: fake}, nli: {kind: fake}}"
 
 
-SERVER_GC_THRESHOLDS = (50_000, 50, 100)  # gc.set_threshold for `serve` (see _serve)
-
-
 async def _serve(config: RewardServerConfig) -> int:
-    from reward_server.app import start_app
+    from reward_server.app import start_app, tune_gc_for_serving
 
     app = await start_app(config)
-    # What start-up loaded (modules, models) lives as long as the process: keep it out of the
-    # cyclic GC's full collections, whose pauses would otherwise hold the event loop (health).
-    gc.freeze()
-    # Fewer young collections: with thousands of items in flight (64 calls x 256 items) the
-    # default thresholds (700, 10, 10) made the collector's passes over the live objects grow
-    # with the load; measured (bench/scaling.py --per-call 256 --concurrency 16 64 --min-s 15,
-    # with and without --gc-gen0 50000): server CPU per item 0.254 -> 0.214 ms at 16 and
-    # 0.387 -> 0.237 ms at 64, items/s at 64 2,569 -> 3,699.
-    gc.set_threshold(*SERVER_GC_THRESHOLDS)
+    tune_gc_for_serving()
     app.server.install_signal_handlers()
     print(f"listening on {config.server.host}:{app.port}", flush=True)
     await app.wait_for_termination()

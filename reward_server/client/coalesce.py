@@ -46,9 +46,12 @@ class CoalesceSettings:
 
     window_s: float = 0.002
     """Longest a call waits for others to join it (from the first call that is waiting)."""
-    max_items: int = 256
+    max_items: int = 64
     """Most items in one merged call; reaching it sends at once. Keep it at or under the
-    server's ``service.limits.max_batch_items`` (1,024 by default)."""
+    server's ``service.limits.max_batch_items`` (1,024 by default). Several merged calls in
+    flight let the server work on one while the callers of another send their next (256
+    callers in lock-step, bench/microbatch.py: 64 gave 5.3-7.0x over unmerged calls, 256
+    3.8-5.3x)."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.window_s <= 1.0 and math.isfinite(self.window_s)):

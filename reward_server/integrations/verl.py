@@ -23,7 +23,7 @@ how long a call may try (:class:`reward_server.client.RetryBudget`): ``attempts`
 
 Concurrent ``compute_score`` calls of one reward-loop worker are merged into one Score call
 (:mod:`reward_server.client.coalesce`): each call waits up to ``coalesce_window_ms`` (2) for others, up
-to ``coalesce_max_items`` (256) items per call; ``coalesce_max_items: 1`` turns it off. Each
+to ``coalesce_max_items`` (64) items per call; ``coalesce_max_items: 1`` turns it off. Each
 rollout still gets its own result or its own error. On by default: verl awaits one call per
 finished rollout, and merged calls cost the server a fraction of the CPU per item.
 
