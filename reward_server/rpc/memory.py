@@ -75,8 +75,8 @@ class Trimmer:
         trim, or the RSS grew 8 MiB (or 5 %) past what the last trim left (gRPC's own
         buffers: a message it refused as too large never reaches us; call from the event
         loop)."""
-        if self._trim is None or self._scheduled:
-            return
+        if self._trim is None or self._scheduled or self._running:  # (one at a time: the
+            return  # RSS it leaves is the next comparison's floor)
         if self._moved < TRIM_IDLE_BYTES and _rss() < self._floor + max(8 * TRIM_IDLE_BYTES, self._floor // 20):
             return
         self._scheduled = True
