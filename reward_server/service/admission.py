@@ -447,15 +447,15 @@ class Admission:
         # call admitted beyond that only waits. Not saturated, it is back at the floor at once.
         shed = saturated and sum(w.short.values()) > 0
         limits = []
-        for limit, rate, short, step, lo, hi, grow in (
+        for limit, rate, short, step, lo, hi, grow, shedding in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
              min(usual, self.min_judgments) if shed else self.min_judgments,
-             self.cap_judgments, not saturated),
+             self.cap_judgments, not saturated, shed),
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
-             self.cap_calls, True),
+             self.cap_calls, True, False),
         ):
             little = rate * target / P99_OVER_MEAN
-            if shed and lo < self.min_judgments:  # (the judgment limit only)
+            if shedding:  # the judgment limit only
                 limits.append(between(min(little, limit), lo, hi))
             elif fast and short and grow:  # more was asked than the limit let in, latency allows
                 limits.append(between(max(little, limit + max(step, limit / 4)), lo, hi))
