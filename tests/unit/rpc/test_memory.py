@@ -48,7 +48,10 @@ async def test_an_idle_server_gives_back_memory_that_grew_without_a_call() -> No
     busy = True
     watch = asyncio.ensure_future(t.watch(lambda: busy, every_s=0.05))
     try:
-        held = [bytes(2048) for _ in range(20_000)]  # ~40 MB of heap ...
+        # twice the growth the watch looks for (8 MiB, or 5 % of a large process: a full test
+        # run's process holds torch and more) of heap ...
+        grow = 2 * max(8 * memory.TRIM_IDLE_BYTES, memory._rss() // 20)
+        held = [bytes(2048) for _ in range(grow // 2048)]
         top = held[-1]  # ... freed but for its last block: glibc cannot shrink the heap
         del held  # past it by itself, malloc_trim gives back the pages under it
         assert await _trims_within(t, 0.5) == 0  # busy: not the watch's business
