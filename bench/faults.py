@@ -294,6 +294,7 @@ class Victim:
         self._n = 0
         self._task: asyncio.Task[None] | None = None
         self._since: float | None = None  # when the call in flight was sent
+        self._last: str | None = None  # how the last call ended
 
     def start(self) -> None:
         self.counts = collections.Counter()
@@ -302,8 +303,19 @@ class Victim:
     async def stop(self) -> collections.Counter[str]:
         assert self._task is not None
         if self._since is not None and time.monotonic() - self._since > 1.0:
-            self.counts["lost"] += 1  # unanswered for over a second when the attack ended
-            self.counts["code stalled"] += 1
+            # unanswered for over a second when the attack ended: lost, unless it is answered
+            # within 10 s more (then "slow", with what it got and after how long)
+            since = self._since
+            self._last = None
+            for _ in range(100):
+                if self._last is not None:
+                    break
+                await asyncio.sleep(0.1)
+            if self._last is None:
+                self.counts["lost"] += 1
+                self.counts["code stalled"] += 1
+            else:
+                self.counts[f"slow: {self._last} after {time.monotonic() - since:.1f} s"] += 1
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -330,6 +342,7 @@ class Victim:
                     except grpc.aio.AioRpcError as e:
                         self._since = None
                         code = e.code().name
+                        self._last = code
                         self.counts["refused" if code == "RESOURCE_EXHAUSTED" else "lost"] += 1
                         self.counts[f"code {code}"] += 1
                         if code == "INTERNAL":
@@ -337,6 +350,7 @@ class Victim:
                         await asyncio.sleep(0.1)
                         continue
                     self._since = None
+                    self._last = "OK"
                     if [r.id for r in reply.results] != ids:
                         self.counts["misattributed"] += 1
                     else:
@@ -395,7 +409,9 @@ def print_table() -> None:
         f = f"{len(p.refused)}, {ms(p.refused, .5)} / {ms(p.refused, .99)}"
         v = p.victim
         lost_codes = {k[5:]: n for k, n in v.items() if k.startswith("code ") and k != "code RESOURCE_EXHAUSTED"}
-        lost = f"{v.get('lost', 0)}" + (f" {lost_codes}" if lost_codes else "")
+        slow = [k for k in v if k.startswith("slow: ")]  # answered, but over 1 s
+        lost = (f"{v.get('lost', 0)}" + (f" {lost_codes}" if lost_codes else "")
+                + (f" (slow, not lost: {'; '.join(k[6:] for k in slow)})" if slow else ""))
         print(f"| {p.name} | {p.outcome} | {h} | {r} | {s} | {f} | {v.get('ok', 0)} / "
               f"{v.get('refused', 0)} | {lost} | {v.get('misattributed', 0)} | {p.internal} |")
 
@@ -1006,11 +1022,19 @@ async def run(args: argparse.Namespace) -> None:
                    f"server.keepalive_time_s={args.keepalive}", "server.keepalive_timeout_s=1"]
     std = rubric_request(32, 4)
 
-    if args.only == "overload":  # a quick look while tuning (not the report)
+    if args.only is not None:  # a quick look at one class while tuning (not the report)
         s = Server(common, args.engine_latency)
+        if args.limit is None:
+            args.limit = admission_limit(s.target)
+        VICTIM = Victim(s.target, TOKEN)
         caller = Caller(s.target)
         await baseline(s, caller, std, args)
-        await overload(s, caller, std, args)
+        if args.only == "overload":
+            await overload(s, caller, std, args)
+        elif args.only == "streams":
+            await streams_not_read(s, args)
+        else:
+            await big_requests(s, caller)
         await caller.close()
         s.stop()
         print_table()
@@ -1095,7 +1119,9 @@ def main() -> None:
                     help="longest wait for the server to close non-reading peers (attack 2)")
     ap.add_argument("--fuzz", type=int, default=400, help="random requests")
     ap.add_argument("--timeout", type=float, default=600, help="give up after this long")
-    ap.add_argument("--only", choices=["overload"], help="run only the baselines and the overload")
+    ap.add_argument("--only", choices=["overload", "streams", "big"],
+                    help="run only the baselines and one class: the overload (4), attack B "
+                    "(streams), or the large requests (3a-3d)")
     args = ap.parse_args()
     args.adaptive = not args.tuned
     for k, v in (TUNED if args.tuned else DEFAULTS).items():

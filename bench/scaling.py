@@ -54,7 +54,9 @@ async def start_server(
     args = ["serve", "--fake", "--port", str(port), "--set", "server.drain_delay_s=0",
             "--set", "service.admission.enabled=false", *(a for o in overrides for a in ("--set", o))]
     # --gc-gen0: the same server with Python's cyclic GC tuned (an experiment, not a setting)
-    tune = "" if gc_gen0 is None else f"import gc; gc.freeze(); gc.set_threshold({gc_gen0}, 50, 100); "
+    # (serve sets reward_server.app.SERVER_GC_THRESHOLDS once started: replace those)
+    tune = ("" if gc_gen0 is None else
+            f"import reward_server.app as a; a.SERVER_GC_THRESHOLDS = ({gc_gen0}, 50, 100); ")
     cmd = [sys.executable, "-c", f"{tune}import sys; from reward_server.cli import main; "
            f"sys.exit(main({args!r}))"]
     env = dict(os.environ)
@@ -137,7 +139,8 @@ async def main() -> None:
     ap.add_argument("--min-calls", type=int, default=None, help="calls per cell (default 2,000)")
     ap.add_argument("--min-s", type=float, default=None, help="seconds per cell (default 30)")
     ap.add_argument("--gc-gen0", type=int, default=None,
-                    help="run the server with gc.freeze() and gc.set_threshold(N, 50, 100)")
+                    help="run the server with gc.set_threshold(N, 50, 100) after its "
+                    "gc.freeze() (default: serve's own, reward_server.app.SERVER_GC_THRESHOLDS)")
     ap.add_argument("--server-pythonpath", default=None,
                     help="PYTHONPATH of the server process (A/B against another checkout)")
     ap.add_argument("--per-call", type=int, nargs="+", default=list(PER_CALL))

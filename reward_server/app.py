@@ -172,7 +172,7 @@ async def start_app(
                      http=door, metrics=metrics_server)
 
 
-SERVER_GC_THRESHOLDS = (50_000, 50, 100)  # gc.set_threshold of a serving process
+SERVER_GC_THRESHOLDS = (25_000, 50, 100)  # gc.set_threshold of a serving process (see below)
 
 
 def tune_gc_for_serving() -> None:
@@ -187,6 +187,14 @@ def tune_gc_for_serving() -> None:
     with and without --gc-gen0 50000): server CPU per item 0.254 -> 0.214 ms at 16 and
     0.387 -> 0.237 ms at 64, items/s at 64 2,569 -> 3,699. Garbage reference cycles live
     longer in exchange (the idle trim runs a full collection, rpc/memory.py).
+
+    The young threshold is 25,000, not the 50,000 first measured: each finished call leaves
+    a reference cycle in gRPC (its call state and the done callbacks it holds), freed only by
+    a collection, and a young pass frees all that came since the last one at once. In a run
+    of bench/faults.py the 50,000 passes held the event loop up to 118 ms (health waited
+    behind them; attack B); in a run at 25,000 the longest was 67 ms, at the same
+    throughput (bench/scaling.py --per-call 1 256 --concurrency 64 --min-s 15, 256-item
+    calls: 3,389 items/s at 50,000, 3,487 at 25,000, 2,838 at 10,000; one run each).
     """
     gc.freeze()
     gc.set_threshold(*SERVER_GC_THRESHOLDS)
