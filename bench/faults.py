@@ -1113,7 +1113,8 @@ def main() -> None:
     ap.add_argument("--hold", type=float, default=5.0, help="how long attack B's peers stay")
     ap.add_argument("--idle-connections", type=int, default=1100)
     ap.add_argument("--idle-hold", type=float, default=20.0,
-                    help="how long attack C's connections stay (the default idle close is 15 s)")
+                    help="how long attack C's connections stay (the default idle close, "
+                    "server.max_connection_idle_s, is 120 s)")
     ap.add_argument("--http-idle", type=int, default=1000, help="idle connections in attack F")
     ap.add_argument("--wait-close", type=float, default=15.0,
                     help="longest wait for the server to close non-reading peers (attack 2)")
