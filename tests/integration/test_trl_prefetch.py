@@ -58,7 +58,10 @@ async def test_prefetch_is_the_call_trl_then_makes(trl_loop) -> None:  # type: i
     assert out == expected
     assert reward.calls == [3] and reward.prefetch_hits == 1  # one Score call, the prefetched one
     assert len(logged["reward/wait_s"]) == 1 and len(logged["reward/score_s"]) == 1
-    assert 0.0 <= logged["reward/wait_s"][0] <= logged["reward/score_s"][0]
+    # the wait also covers the result's hand-off from the Score call's task to the waiting
+    # call (a loop callback), which score_s, timed inside the call, does not: a fresh-machine
+    # run measured 14.85 ms waited against 14.78 ms scored
+    assert 0.0 <= logged["reward/wait_s"][0] <= logged["reward/score_s"][0] + 0.05
     assert reward.wait_s == logged["reward/wait_s"]
     for key in ("reward/mean_p_yes", "reward/policy_invalid", "reward/masked"):
         assert len(logged[key]) == 1, key  # the components reach TRL's log_metric once
