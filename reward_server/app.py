@@ -5,8 +5,8 @@ Everything that runs a reward server builds it here: ``reward-server serve``, th
 benchmarks::
 
     app = await start_app(load_config("deploy/cpu_local.yaml"))
-    print(app.target)            # host:port the gRPC server listens on
-    print(app.http_port)         # the HTTP/JSON door's port (None: off)
+    target = app.target          # host:port the gRPC server listens on
+    http_port = app.http_port    # the HTTP/JSON door's port (None: off)
     await app.stop()             # drain, stop, close the engines
 
 The Serve application builders named by ``deploy/serve_config.yaml`` and the KubeRay
