@@ -191,8 +191,8 @@ def tune_gc_for_serving() -> None:
     The young threshold is 25,000, not the 50,000 first measured: each finished call leaves
     a reference cycle in gRPC (its call state and the done callbacks it holds), freed only by
     a collection, and a young pass frees all that came since the last one at once. In a run
-    of bench/faults.py the 50,000 passes held the event loop up to 118 ms (health waited
-    behind them; attack B); in a run at 25,000 the longest was 67 ms, at the same
+    of bench/faults.py the 50,000 passes held the event loop up to 118 ms (health checks
+    queue behind such holds); in a run at 25,000 the longest was 67 ms, at the same
     throughput (bench/scaling.py --per-call 1 256 --concurrency 64 --min-s 15, 256-item
     calls: 3,389 items/s at 50,000, 3,487 at 25,000, 2,838 at 10,000; one run each).
     """
