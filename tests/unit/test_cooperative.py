@@ -128,3 +128,33 @@ async def test_under_load_a_slice_serves_many_small_units_per_iteration() -> Non
     done = True
     await t
     assert iterations < 50 * 20 / 4, iterations
+
+
+async def test_waiters_requeued_for_a_spent_slice_share_the_next_one() -> None:
+    """Many tiny units (the waiters woken per release grow to the maximum), then 40 units of
+    1.2 ms: those woken together beyond the slice go back in line, and when woken again they
+    share that release's slice too. They used to start a slice each there, so one iteration ran
+    15-18 of them (18-22 ms; a 65,536-judgment call's engine batches held health checks for
+    170-280 ms so). Counted per loop iteration, not timed: a preempted test only runs fewer."""
+    iteration = 0
+    per_iteration: dict[int, int] = {}
+    done = False
+
+    async def ticker() -> None:
+        nonlocal iteration
+        while not done:
+            iteration += 1
+            await asyncio.sleep(0)
+
+    async def worker(unit_s: float) -> None:
+        await cooperative.turn()
+        _busy(unit_s)
+        if unit_s > 0.001:
+            per_iteration[iteration] = per_iteration.get(iteration, 0) + 1
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.gather(*(worker(0.00001) for _ in range(300)), *(worker(0.0012) for _ in range(40)))
+    done = True
+    await tick
+    assert sum(per_iteration.values()) == 40
+    assert max(per_iteration.values()) <= 3, per_iteration
