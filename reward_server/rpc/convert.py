@@ -86,8 +86,11 @@ def _history_out(items: Sequence[d.HistoryItem]) -> list[pb.HistoryItem]:
     return [pb.HistoryItem(context=h.context, text=h.text) for h in items]
 
 
-def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, case: str | None, where: str) -> d.LeafSpec:
-    """The leaf spec in ``msg``'s ``oneof kind`` field ``case`` (a RewardKind's value)."""
+def _leaf_from_proto(
+    msg: pb.ScoreItem | pb.WeightedPart, case: str | None, where: str, strings: dict[str, str] | None = None
+) -> d.LeafSpec:
+    """The leaf spec in ``msg``'s ``oneof kind`` field ``case`` (a RewardKind's value).
+    ``strings``: one request's rules seen so far (see :func:`item_from_proto`)."""
     kind = d.RewardKind(case) if case else None
     match kind:
         case d.RewardKind.RUBRIC_SCORE:
@@ -95,7 +98,7 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, case: str | None, wher
             return d.RubricScoreSpec(
                 context=r.context,
                 text=r.text,
-                rules=tuple(r.rules),
+                rules=tuple(r.rules) if strings is None else tuple(strings.setdefault(x, x) for x in r.rules),
                 task=task_from_proto(r.task, f"{where}.rubric_score"),
                 aggregate=_enum(_AGGREGATE, r.aggregate, f"{where}.rubric_score.aggregate", "RubricAggregate"),
             )
@@ -135,7 +138,7 @@ def _leaf_from_proto(msg: pb.ScoreItem | pb.WeightedPart, case: str | None, wher
 AUTO_ID = re.compile(r"#[0-9]+")
 
 
-def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
+def item_from_proto(msg: pb.ScoreItem, index: int, strings: dict[str, str] | None = None) -> d.ScoreItem:
     where = f"items[{index}]" + (f" (id {quote(msg.id)})" if msg.id else "")
     if AUTO_ID.fullmatch(msg.id):
         raise InvalidRequest(
@@ -147,11 +150,11 @@ def item_from_proto(msg: pb.ScoreItem, index: int) -> d.ScoreItem:
     if kind == d.RewardKind.WEIGHTED.value:
         parts = []
         for j, part in enumerate(msg.weighted.parts):
-            leaf = _leaf_from_proto(part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]")
+            leaf = _leaf_from_proto(part, part.WhichOneof("kind"), f"{where}.weighted.parts[{j}]", strings)
             parts.append(d.WeightedPart(weight=part.weight, spec=leaf))
         spec = d.WeightedSpec(parts=tuple(parts))
     else:
-        spec = _leaf_from_proto(msg, kind, where)
+        spec = _leaf_from_proto(msg, kind, where, strings)
     return d.ScoreItem(item_id=msg.id or f"#{index}", spec=spec)
 
 
@@ -206,6 +209,10 @@ async def score_items(raw: bytes, check: BatchCheck) -> list[d.ScoreItem]:
         wire.parse(pb.ScoreRequest, rest)  # other (unknown) fields must still be well-formed
     check.size(len(elements))
     items: list[d.ScoreItem] = []
+    # Items of one request mostly share their rules (one user's rubric over many texts); the
+    # wire gives each item new string objects: keep one of each (a 1,024-item x 64-rule request
+    # held 65,536 rule strings, ~7 MiB of its peak, measured with tracemalloc)
+    strings: dict[str, str] = {}
     for i, element in enumerate(elements):
         await cooperative.turn(urgent=True)  # admission decides only after this: keep it quick
         if len(element) > max_item_bytes:
@@ -215,7 +222,7 @@ async def score_items(raw: bytes, check: BatchCheck) -> list[d.ScoreItem]:
             )
         msg = wire.parse(pb.ScoreItem, element, f"reward.v1.ScoreItem at items[{i}]")
         _precount(msg, i, check)
-        item = item_from_proto(msg, i)
+        item = item_from_proto(msg, i, strings)
         check.item(item, i)
         items.append(item)
     return items

@@ -357,13 +357,20 @@ RELEASED: dict[Task, ReleasedTask] = {
 }  # fmt: skip
 
 
-def judge_messages(context: str, text: str, rule: str, task: Task) -> tuple[str, str, str]:
-    """(system, prefix, suffix): the released judge chat, its user message split just before
-    the rule (``prefix + suffix`` is exactly the released user message)."""
+def judge_frame(context: str, text: str, task: Task) -> tuple[str, str, str]:
+    """(system, prefix, after): the released judge chat around its rule, which none of the
+    three depends on: the user message for ``rule`` is exactly ``prefix + rule + after``."""
     t = RELEASED[task]
     user = t.judge_user.format(**{t.context_key: context, t.text_key: text, "rubric": _RULE})
     prefix, _, after = user.rpartition(_RULE)
-    return t.judge_system, prefix, rule + after
+    return t.judge_system, prefix, after
+
+
+def judge_messages(context: str, text: str, rule: str, task: Task) -> tuple[str, str, str]:
+    """(system, prefix, suffix): the released judge chat, its user message split just before
+    the rule (``prefix + suffix`` is exactly the released user message)."""
+    system, prefix, after = judge_frame(context, text, task)
+    return system, prefix, rule + after
 
 
 def generator_messages(history: Sequence[HistoryItem], task: Task) -> tuple[str, str]:

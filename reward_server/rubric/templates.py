@@ -175,7 +175,23 @@ def judge_prompt(
 def judge_prompts(
     context: str, text: str, rules: Sequence[str], task: Task, *, template: TemplateVersion = DEFAULT_TEMPLATE
 ) -> list[JudgePrompt]:
+    """``judge_prompt`` for each of ``rules`` (the same strings). The released template renders
+    its frame once per text and its suffixes once per rubric (:func:`_suffixes`): a 1,024-item
+    x 64-rule request held one prefix and one suffix string per judgment (65,536 each, ~11 MiB
+    of the call's peak, measured with tracemalloc), which left the server's small-object
+    arenas that much larger after the call."""
+    if template == "parl-released":
+        system, prefix, after = released.judge_frame(context, text, task)
+        return [JudgePrompt(system=system, prefix=prefix, suffix=s) for s in _suffixes(tuple(rules), after)]
     return [judge_prompt(context, text, r, task, template=template) for r in rules]
+
+
+@functools.lru_cache(maxsize=4)
+def _suffixes(rules: tuple[str, ...], after: str) -> tuple[str, ...]:
+    """``rule + after`` for each rule: the items of one request mostly share one user's rubric,
+    so their judgments share these strings. Bounded: 4 rubrics, each within
+    ``service.limits.max_item_bytes``."""
+    return tuple(r + after for r in rules)
 
 
 def render_history(history: Sequence[HistoryItem], task: Task, *, heading: str = "Item") -> str:

@@ -77,3 +77,37 @@ def test_structural_errors_name_item_and_field() -> None:
 def test_empty_id_is_numbered() -> None:
     msg = pb.ScoreItem(nli_constraints=pb.NliConstraints(response="r", answer="a", preference="p"))
     assert convert.item_from_proto(msg, 5).item_id == "#5"
+
+
+async def test_the_items_of_one_request_share_their_rule_strings() -> None:
+    """A rubric judged on many texts arrives once per item; the items keep one copy of it."""
+    rules = ["Uses short sentences.", "Mentions a place."]
+    raw = pb.ScoreRequest(items=[
+        pb.ScoreItem(id=f"i{k}", rubric_score=pb.RubricScore(text=f"text {k}", rules=rules)) for k in range(3)
+    ]).SerializeToString()
+    items = await convert.score_items(raw, _check())
+    first = items[0].spec
+    assert isinstance(first, d.RubricScoreSpec) and list(first.rules) == rules
+    for item in items[1:]:
+        assert isinstance(item.spec, d.RubricScoreSpec)
+        assert all(a is b for a, b in zip(item.spec.rules, first.rules, strict=True))
+
+
+class _AllowAll:
+    """A BatchCheck that allows every batch (the limits have their own tests)."""
+
+    max_items = 1024
+    max_item_bytes = 1 << 20
+
+    def size(self, n: int) -> None:
+        return None
+
+    def item(self, item: d.ScoreItem, index: int) -> None:
+        return None
+
+    def entries(self, n: int, name: str, where: str) -> None:
+        return None
+
+
+def _check() -> _AllowAll:
+    return _AllowAll()

@@ -71,3 +71,20 @@ def test_earlier_templates_render_as_they_did(template: TemplateVersion, task: s
     assert [p.system, p.prefix, p.suffix] == want["judge"]
     req = generator_request(u.history, Task(task), RubricSettings(template_version=template), seed=None)
     assert [req.system, req.user] == want["generator"]
+
+
+@pytest.mark.parametrize("template", ["parl-released", "parl-v1", "parl-v2"])
+def test_judge_prompts_are_judge_prompt_per_rule(template: TemplateVersion) -> None:
+    """The batch form renders exactly what the one-rule form renders, rule by rule (the
+    released one shares one prefix string and the rubric's suffixes among them)."""
+    from reward_server.rubric.templates import judge_prompts
+
+    rules = ("Uses short sentences.", "  Mentions a place. ", "Uses the word \x00rule\x00 once.")
+    for task in Task:
+        for text in ("A text.\nTwo lines.", "Says \x00rule\x00 itself."):
+            got = judge_prompts("The context", text, rules, task, template=template)
+            assert got == [judge_prompt("The context", text, r, task, template=template) for r in rules]
+            again = judge_prompts("Other context", text, rules, task, template=template)
+            if template == "parl-released":
+                assert all(p.prefix is got[0].prefix for p in got)
+                assert [p.suffix for p in again] == [p.suffix for p in got]
