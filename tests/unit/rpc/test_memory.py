@@ -61,3 +61,22 @@ async def test_an_idle_server_gives_back_memory_that_grew_without_a_call() -> No
     finally:
         watch.cancel()
     assert len(top) == 2048
+
+
+async def test_an_idle_server_gives_back_heap_freed_without_a_call() -> None:
+    """Memory freed with no call ending and no growth seen (gRPC's state of connections that
+    closed, allocated before the last trim) is trimmed once glibc holds 8 MiB more free."""
+    size = 3 * 8 * memory.TRIM_IDLE_BYTES
+    held = [bytes(2048) for _ in range(size // 2048)]
+    t = Trimmer()  # its floors: the RSS and the free heap with these held
+    if t._trim is None or t._heap_free is None:
+        pytest.skip("this libc has no malloc_trim or mallinfo2")
+    watch = asyncio.ensure_future(t.watch(lambda: False, every_s=0.05))
+    try:
+        assert await _trims_within(t, 0.3) == 0  # nothing freed yet
+        top = held[-1]  # glibc cannot shrink the heap past it by itself
+        del held
+        assert await _trims_within(t, 2.0) == 1
+        assert top
+    finally:
+        watch.cancel()
