@@ -76,11 +76,8 @@ _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alon
 # 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
 RETRIES_PER_COMPLETED = 0.5
 SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
-SHED_MIN_ALONE_S = 0.003  # ... when a usual call takes this long alone (a refusal costs the loop
-# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
-# Was 5 ms: faults.py's 128-judgment calls take ~5 ms alone, so shedding came and went between
-# runs (2x overload: admitted p99 1.7x unloaded with it, 3.7-4.2x at the floor without it; 2.0x
-# at 3 ms); scaling.py's 1- and 32-item cells at concurrency 1/64/256 were unchanged (one run each)
+SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
+# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it)
 
 
 class AdmissionSettings(BaseModel):
