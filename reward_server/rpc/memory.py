@@ -77,16 +77,12 @@ class Trimmer:
         self._floor = _rss()  # the RSS the last trim left
         self._heap_free = _heap_free()
         self._free_floor = self._free_now()  # glibc's free bytes the last trim left
-        self._quiet_done = True  # no call ended since the last quiet collection
-        self._last_end = 0.0  # when the last call ended (monotonic)
         self.trims = 0
 
     def freed(self, nbytes: int) -> None:
         """``nbytes`` of a message were let go (call from the event loop)."""
         self._freed += nbytes
         self._moved += nbytes
-        self._quiet_done = False
-        self._last_end = time.monotonic()
         if self._trim is None or self._freed < self._after or self._scheduled:
             return
         self._scheduled = True
@@ -96,25 +92,18 @@ class Trimmer:
     def _free_now(self) -> int:
         return self._heap_free() if self._heap_free is not None else 0
 
-    def idle(self, *, quiet: bool = False) -> None:
+    def idle(self) -> None:
         """No call is in flight now: trim if calls moved ``TRIM_IDLE_BYTES`` since the last
         trim, or the RSS grew 8 MiB (or 5 %) past what the last trim left (gRPC's own
         buffers: a message it refused as too large never reaches us), or glibc holds 8 MiB
         more free bytes than the last trim left (gRPC's state of connections that closed
-        since: 1,100 idle connections left 23 MB free and resident), or (``quiet``: no call
-        ended for a while) once after calls ended: gRPC lets go of a call's objects some time
-        after its handler returns, so the collection that ran as the last call ended missed
-        many of them (1,024 concurrent 1-item calls for 10 s: RSS 67 -> 120 MB after them and
-        that collection; 103-107 MB after one more collection and trim). Call from the event
-        loop."""
+        since: 1,100 idle connections left 23 MB free and resident; call from the event
+        loop)."""
         if self._trim is None or self._scheduled or self._running:  # (one at a time: the
             return  # RSS it leaves is the next comparison's floor)
         grew = _rss() >= self._floor + max(8 * TRIM_IDLE_BYTES, self._floor // 20)
-        if (self._moved < TRIM_IDLE_BYTES and not grew and (self._quiet_done or not quiet)
-                and self._free_now() < self._free_floor + 8 * TRIM_IDLE_BYTES):
+        if self._moved < TRIM_IDLE_BYTES and not grew and self._free_now() < self._free_floor + 8 * TRIM_IDLE_BYTES:
             return
-        if quiet:
-            self._quiet_done = True
         self._scheduled = True
         wait = max(DELAY_S, MIN_INTERVAL_S - (time.monotonic() - self._last))
         asyncio.get_running_loop().call_later(wait, self._start, True)
@@ -122,12 +111,11 @@ class Trimmer:
     async def watch(self, busy: Callable[[], bool], every_s: float = WATCH_S) -> None:
         """Run :meth:`idle` every ``every_s`` while ``busy()`` is false (until cancelled):
         memory that grew without a call ending (connections that never made one; an HTTP body
-        refused while it was read) is given back too, not only after the next call; and once
-        no call has ended for ``every_s``, what the calls since the last collection left."""
+        refused while it was read) is given back too, not only after the next call."""
         while True:
             await asyncio.sleep(every_s)
             if not busy():
-                self.idle(quiet=time.monotonic() - self._last_end >= every_s)
+                self.idle()
 
     def _start(self, idle: bool = False) -> None:
         self._scheduled = False

@@ -80,28 +80,3 @@ async def test_an_idle_server_gives_back_heap_freed_without_a_call() -> None:
         assert top
     finally:
         watch.cancel()
-
-
-async def test_a_quiet_server_collects_and_trims_once_after_calls() -> None:
-    """gRPC lets go of a call's objects after its handler returns, so the collection that runs
-    as the last call ends misses some: once no call has ended for a watch interval, one more
-    trim (with its collection) runs; not while calls keep ending, and not again without calls."""
-    t = Trimmer()
-    if t._trim is None:
-        pytest.skip("this libc has no malloc_trim")
-    watch = asyncio.ensure_future(t.watch(lambda: False, every_s=0.1))
-    try:
-        for _ in range(8):  # small calls keep ending: never quiet for 0.1 s
-            t.freed(100)
-            await asyncio.sleep(0.03)
-        assert t.trims == 0
-        assert await _trims_within(t, 1.0) == 1  # quiet now
-        assert await _trims_within(t, 0.5) == 1  # nothing since
-        t.freed(2 * memory.TRIM_IDLE_BYTES)  # the last call of a burst ends: a collection
-        t.idle()  # and trim for the bytes it moved, and one more once quiet
-        await asyncio.sleep(2 * (memory.MIN_INTERVAL_S + memory.DELAY_S) + 0.5)
-        assert t.trims == 3
-        await asyncio.sleep(0.5)
-        assert t.trims == 3
-    finally:
-        watch.cancel()
