@@ -29,6 +29,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 TRIM_AFTER_BYTES = 32 * 1024 * 1024  # freed since the last trim
@@ -43,24 +44,29 @@ class _MallInfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+def _libc_function(name: str) -> Any:
+    """The C library's function ``name``, or None where it (or the library) is not there."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def _heap_free() -> Callable[[], int] | None:
     """glibc's free bytes in its arenas (``mallinfo2().fordblks``; glibc >= 2.33), or None."""
-    try:
-        info = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    info = _libc_function("mallinfo2")
+    if info is None:
         return None
     info.argtypes, info.restype = [], _MallInfo2
     return lambda: int(info().fordblks)
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    return lambda pad: int(trim(pad))
 
 
 class Trimmer:

@@ -177,9 +177,9 @@ def judge_prompts(
 ) -> list[JudgePrompt]:
     """``judge_prompt`` for each of ``rules`` (the same strings). The released template renders
     its frame once per text and its suffixes once per rubric (:func:`_suffixes`): a 1,024-item
-    x 64-rule request held one prefix and one suffix string per judgment (65,536 each, ~11 MiB
-    of the call's peak, measured with tracemalloc), which left the server's small-object
-    arenas that much larger after the call."""
+    x 64-rule request held one prefix and one suffix string per judgment (tracemalloc, with
+    18,752 of its 65,536 prompts built: 4.5 MiB of prefixes, 2.4 MiB of suffixes), which left
+    the server's small-object arenas that much larger after the call."""
     if template == "parl-released":
         system, prefix, after = released.judge_frame(context, text, task)
         return [JudgePrompt(system=system, prefix=prefix, suffix=s) for s in _suffixes(tuple(rules), after)]

@@ -15,6 +15,30 @@ def _busy(seconds: float) -> None:
         pass
 
 
+class _Iterations:
+    """Counts the event loop's iterations while the ``async with`` block runs (a task that
+    yields once per iteration)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._done = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Iterations:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done = True
+        assert self._task is not None
+        await self._task
+
+    async def _tick(self) -> None:
+        while not self._done:
+            self.count += 1
+            await asyncio.sleep(0)
+
+
 async def _max_gap_while(work: list[asyncio.Task[None]]) -> float:
     """The loop's longest turns while ``work`` runs, as the 90th percentile of the gaps: one
     preemption of this process by the OS (a busy 2-core CI machine) must not decide the test."""
@@ -107,54 +131,34 @@ async def test_urgent_waiters_go_first() -> None:
 async def test_under_load_a_slice_serves_many_small_units_per_iteration() -> None:
     """50 tasks x 20 tiny units, all queued: the slices go to several waiters per loop iteration,
     not one unit per iteration (the loop's own cost, polling sockets, was paid per unit)."""
-    iterations = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal iterations
-        while not done:
-            iterations += 1
-            await asyncio.sleep(0)
 
     async def worker() -> None:
         for _ in range(20):
             await cooperative.turn()
             _busy(0.00001)
 
-    t = asyncio.create_task(ticker())
-    await cooperative.turn()
-    _busy(0.003)  # hold past the slice: every worker queues behind this task
-    await asyncio.gather(*(worker() for _ in range(50)))
-    done = True
-    await t
-    assert iterations < 50 * 20 / 4, iterations
+    async with _Iterations() as loop:
+        await cooperative.turn()
+        _busy(0.003)  # hold past the slice: every worker queues behind this task
+        await asyncio.gather(*(worker() for _ in range(50)))
+    assert loop.count < 50 * 20 / 4, loop.count
 
 
 async def test_waiters_requeued_for_a_spent_slice_share_the_next_one() -> None:
     """Many tiny units (the waiters woken per release grow to the maximum), then 40 units of
     1.2 ms: those woken together beyond the slice go back in line, and when woken again they
     share that release's slice too. They used to start a slice each there, so one iteration ran
-    15-18 of them (18-22 ms; a 65,536-judgment call's engine batches held health checks for
+    15-20 of them (18-22 ms; a 65,536-judgment call's engine batches held health checks for
     170-280 ms so). Counted per loop iteration, not timed: a preempted test only runs fewer."""
-    iteration = 0
     per_iteration: dict[int, int] = {}
-    done = False
-
-    async def ticker() -> None:
-        nonlocal iteration
-        while not done:
-            iteration += 1
-            await asyncio.sleep(0)
 
     async def worker(unit_s: float) -> None:
         await cooperative.turn()
         _busy(unit_s)
         if unit_s > 0.001:
-            per_iteration[iteration] = per_iteration.get(iteration, 0) + 1
+            per_iteration[loop.count] = per_iteration.get(loop.count, 0) + 1
 
-    tick = asyncio.create_task(ticker())
-    await asyncio.gather(*(worker(0.00001) for _ in range(300)), *(worker(0.0012) for _ in range(40)))
-    done = True
-    await tick
+    async with _Iterations() as loop:
+        await asyncio.gather(*(worker(0.00001) for _ in range(300)), *(worker(0.0012) for _ in range(40)))
     assert sum(per_iteration.values()) == 40
     assert max(per_iteration.values()) <= 3, per_iteration
