@@ -111,7 +111,11 @@ def same(a: float, b: float) -> bool:
 def test_reward_loop_manager_scores_like_direct_calls_and_raises_on_infra_failure(
     ray_session, thread_server, tokenizer_path
 ) -> None:
-    server = thread_server()
+    # the two workers' calls may overlap; with attempts=1 (so the outage below fails at once)
+    # the second would be refused at admission's startup floor (one engine batch, 512
+    # judgments; refusal and retry on pushback are tested in test_overload_retry.py), so this
+    # server admits them both: this test is about verl's seam, not admission
+    server = thread_server(["service.admission.min_judgments_in_flight=4096"])
     rows = build_rows(sample_records()[:2] * 2, "rubric_generator")
     data, texts = batch(tokenizer_path, rows, RESPONSES)
     mgr = manager(tokenizer_path, server.target)
