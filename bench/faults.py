@@ -1033,6 +1033,8 @@ async def run(args: argparse.Namespace) -> None:
             await overload(s, caller, std, args)
         elif args.only == "streams":
             await streams_not_read(s, args)
+        elif args.only == "small":
+            await many_small_calls(s, caller, args)
         else:
             await big_requests(s, caller)
         await caller.close()
@@ -1120,9 +1122,9 @@ def main() -> None:
                     help="longest wait for the server to close non-reading peers (attack 2)")
     ap.add_argument("--fuzz", type=int, default=400, help="random requests")
     ap.add_argument("--timeout", type=float, default=600, help="give up after this long")
-    ap.add_argument("--only", choices=["overload", "streams", "big"],
+    ap.add_argument("--only", choices=["overload", "streams", "big", "small"],
                     help="run only the baselines and one class: the overload (4), attack B "
-                    "(streams), or the large requests (3a-3d)")
+                    "(streams), the large requests (3a-3d) or the 1,024 1-item callers (G, small)")
     args = ap.parse_args()
     args.adaptive = not args.tuned
     for k, v in (TUNED if args.tuned else DEFAULTS).items():
