@@ -6,6 +6,9 @@ engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run
     python bench/microbatch.py --callers 256 --calls 16 --window-ms 2
     python bench/microbatch.py --no-ray           # in-process only
 
+On Ray it runs the default transport (serving.ray.transport=grpc) with and without
+micro-batching, then with it over Ray actor calls (``--no-actor`` skips that row).
+
 The server (``start_app``: gRPC ingress plus engines in this process, or engines on Ray Serve)
 runs in this process; the callers run in a child process, as verl's RewardLoopWorker is its own
 process: each of N callers awaits ``AsyncRewardClient.score([one item])`` ``--calls`` times in a
@@ -139,6 +142,8 @@ async def main() -> None:
     ap.add_argument("--max-items", type=int, default=CoalesceSettings.max_items)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve hosting")
     ap.add_argument("--no-local", action="store_true", help="skip the in-process hosting")
+    ap.add_argument("--no-actor", action="store_true", help="skip the Ray row with "
+                    "serving.ray.transport=actor (Ray actor calls, against the default gRPC path)")
     ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"],
                     help="rows to run (default both; the ratios need both)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -156,20 +161,26 @@ async def main() -> None:
           f"row; window {args.window_ms:g} ms, max {args.max_items} items per merged call; "
           f"{os.cpu_count()} CPUs", flush=True)
     local = None if args.no_local else await scenario("gRPC->in-process", [], args)
-    ray = None
+    ray = actor = None
+    on_ray = ["serving.mode=ray", "serving.ray.app_prefix=microbatch", "serving.ray.local_num_cpus=2",
+              "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"]
     if not args.no_ray:
-        ray = await scenario("gRPC->Ray Serve", [
-            "serving.mode=ray", "serving.ray.app_prefix=microbatch", "serving.ray.local_num_cpus=2",
-            "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"], args)
+        ray = await scenario("gRPC->Ray Serve", on_ray, args)
+        if not args.no_actor and "on" in args.modes:
+            modes, args.modes = args.modes, ["on"]
+            actor = await scenario("Ray, actor calls", [*on_ray, "serving.ray.transport=actor"], args)
+            args.modes = modes
     print("\n| hosting | micro-batching | items/s | p50 ms | p99 ms | server CPU ms/item | callers' CPU ms/item |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for hosting, rows in (("gRPC -> in-process", local), ("gRPC -> Ray Serve", ray)):
+    for hosting, rows in (("gRPC -> in-process", local), ("gRPC -> Ray Serve", ray),
+                          ("gRPC -> Ray Serve, transport actor", actor)):
         for mode, r in (rows or {}).items():
             print(f"| {hosting} | {mode} | {r['items_s']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
                   f"{r['server_ms_item']:.3f} | {r['cpu_ms_item']:.3f} |")
     print(f"\nin-process: with / without micro-batching {ratio(local, 'on', local, 'off')} (target >= 5)")
     print(f"Ray Serve:  with / without micro-batching {ratio(ray, 'on', ray, 'off')}")
     print(f"with micro-batching: Ray / in-process {ratio(ray, 'on', local, 'on')} (target >= 0.8)")
+    print(f"with micro-batching on Ray: transport grpc / actor {ratio(ray, 'on', actor, 'on')}")
 
 if __name__ == "__main__":
     asyncio.run(main())

@@ -3,9 +3,13 @@
 The service layer sees ordinary engines; Ray stays behind this module. Per call:
 
 - calls arrive already cut to the engine's ``batching.max_items`` by the ingress batcher;
+- they go over Serve's gRPC path straight to the replica (``serving.ray.transport: grpc``, the
+  default; a call the replica's gRPC message limit refuses is resent as an actor call) or as
+  Ray actor calls (``actor``);
 - Serve's ``BackPressureError`` (the handle's queue is past ``max_queued_requests``) becomes
   :class:`Overloaded` at once, never retried here (the client backs off);
-- a replica that dies mid-call (``ActorDiedError`` and kin) is retried ``max_retries`` times
+- a replica that dies mid-call (``ActorDiedError`` and kin, or a failed gRPC call to it) is
+  retried ``max_retries`` times
   (Serve routes the retry to a live replica), then :class:`BackendUnavailable`; so is a call
   that runs past ``call_timeout_s``;
 - an error the engine raised comes back as our own error (not wrapped in Ray's RayTaskError):
@@ -23,8 +27,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
+import grpc
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.context import _get_global_client
 from ray.serve.exceptions import (
@@ -117,8 +122,11 @@ class HandleCaller:
         app: str,
         timeout_s: float,
         max_retries: int,
+        transport: Literal["grpc", "actor"] = "grpc",
     ) -> None:
         self.handle = handle
+        # the same router; calls through this one go over gRPC to the replica, not as actor calls
+        self._send = handle.options(_by_reference=False) if transport == "grpc" else handle
         self._deployment = deployment
         self._timeout_s = timeout_s
         self._max_retries = max_retries
@@ -143,7 +151,7 @@ class HandleCaller:
                     f"backoff, or raise serving.ray.{self._deployment}.max_replicas / "
                     "max_queued_requests"
                 ) from None
-            except _REPLICA_GONE as e:
+            except (*_REPLICA_GONE, grpc.aio.AioRpcError) as e:
                 if attempt < self._max_retries:
                     attempt += 1
                     metrics.observe_engine_call(self._deployment, method, "retried", 0.0)
@@ -154,10 +162,13 @@ class HandleCaller:
                     )
                     continue
                 metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
+                how = (f"could not be reached over gRPC ({e.code().name}: {e.details()})"
+                       if isinstance(e, grpc.aio.AioRpcError) else "died")
                 raise BackendUnavailable(
-                    f"the {self._deployment} replica serving {len(piece)} items died and "
+                    f"the {self._deployment} replica serving {len(piece)} items {how} and "
                     f"{self._max_retries} retries did not find a live one; check the replicas "
-                    "(serve status) and the node's memory"
+                    "(serve status), the node's memory and, over gRPC, that the ingress reaches "
+                    "the replicas' ports (or set serving.ray.transport=actor)"
                 ) from e
             except DeploymentUnavailableError as e:
                 metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
@@ -190,7 +201,19 @@ class HandleCaller:
             return out
 
     async def _once(self, method: str, piece: list[Any]) -> Any:
-        response = getattr(self.handle, method).remote(piece)
+        try:
+            return await self._send_once(self._send, method, piece)
+        except grpc.aio.AioRpcError as e:
+            if self._send is self.handle or e.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            # over the replica's gRPC message limit (Ray's 4 MiB default): as an actor call
+            metrics.observe_engine_call(self._deployment, method, "resent_as_actor", 0.0)
+            logger.debug("%s.%s: %d items over gRPC refused (%s); resent as an actor call",
+                         self._deployment, method, len(piece), e.details())
+            return await self._send_once(self.handle, method, piece)
+
+    async def _send_once(self, handle: DeploymentHandle[Any], method: str, piece: list[Any]) -> Any:
+        response = getattr(handle, method).remote(piece)
         try:
             return await asyncio.wait_for(_await(response), self._timeout_s)
         except TimeoutError:

@@ -306,6 +306,7 @@ def _caller(handle: DeploymentHandle[Any], kind: Kind, settings: RaySettings) ->
         app=settings.app_name(kind),
         timeout_s=settings.call_timeout_s,
         max_retries=settings.max_retries,
+        transport=settings.transport,
     )
 
 

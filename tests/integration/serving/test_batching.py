@@ -93,6 +93,31 @@ async def test_a_big_call_is_split_and_joined_back_in_order(engines: RayEngines)
     assert scores == [pytest.approx(expected_p(i)) for i in range(300)]
 
 
+def _engine_calls(outcome: str) -> float:
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value("reward_server_engine_calls_total",
+                                      {"deployment": "judge", "method": "p_yes", "outcome": outcome})
+    return float(value or 0.0)
+
+
+async def test_a_call_over_the_replicas_grpc_message_limit_is_resent_as_an_actor_call(
+    engines: RayEngines,
+) -> None:
+    """serving.ray.transport grpc (the default): Ray's replica refuses gRPC messages over 4 MiB;
+    such a call is resent as an actor call, and every item still gets its own score."""
+    pad = " " + "x" * 200_000
+    big = [judge_prompt("", " ".join(f"k{j}" for j in range(i % 11)) + pad, TERMS, Task.GENERIC)
+           for i in range(32)]  # ~6.4 MB in one deployment call
+    resent, ok = _engine_calls("resent_as_actor"), _engine_calls("ok")
+    assert await engines.ray_judge.p_yes(big) == [pytest.approx(expected_p(i)) for i in range(32)]
+    assert _engine_calls("resent_as_actor") == resent + 1
+    assert await engines.ray_judge.p_yes([prompt(i) for i in range(32)]) == [
+        pytest.approx(expected_p(i)) for i in range(32)]
+    assert _engine_calls("resent_as_actor") == resent + 1  # small calls go over gRPC
+    assert _engine_calls("ok") == ok + 2
+
+
 async def test_every_generation_comes_back_to_its_own_request(engines: RayEngines) -> None:
     reqs = [GenerationRequest(system="", user="u", seed=i) for i in range(150)]
     outs = await asyncio.gather(*(engines.judge.generate([r]) for r in reqs))
@@ -167,3 +192,4 @@ async def test_batching_knobs_change_at_runtime(engines: RayEngines, kit: Any) -
         assert max(new) <= 8 and max(new) > 1
     finally:
         again.shutdown()
+
