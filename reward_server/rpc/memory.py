@@ -72,8 +72,13 @@ def _malloc_trim() -> Callable[[int], int] | None:
 class Trimmer:
     """Counts freed message bytes; trims the heap after ``TRIM_AFTER_BYTES`` of them."""
 
-    def __init__(self, after_bytes: int = TRIM_AFTER_BYTES) -> None:
+    def __init__(self, after_bytes: int = TRIM_AFTER_BYTES, *,
+                 busy: Callable[[], bool] = lambda: False) -> None:
+        """``busy``: whether calls are in flight (an idle trim asked for while another trim
+        was under way runs after it only when not)."""
         self._trim = _malloc_trim()
+        self._busy = busy
+        self._again = False  # idle() was asked while a trim was scheduled or running
         self._after = after_bytes
         self._freed = 0
         self._last = 0.0
@@ -105,8 +110,11 @@ class Trimmer:
         more free bytes than the last trim left (gRPC's state of connections that closed
         since: 1,100 idle connections left 23 MB free and resident; call from the event
         loop)."""
-        if self._trim is None or self._scheduled or self._running:  # (one at a time: the
-            return  # RSS it leaves is the next comparison's floor)
+        if self._trim is None:
+            return
+        if self._scheduled or self._running:  # one at a time (the RSS it leaves is the next
+            self._again = True  # comparison's floor): looked at again when it is done
+            return
         grew = _rss() >= self._floor + max(8 * TRIM_IDLE_BYTES, self._floor // 20)
         if self._moved < TRIM_IDLE_BYTES and not grew and self._free_now() < self._free_floor + 8 * TRIM_IDLE_BYTES:
             return
@@ -125,8 +133,9 @@ class Trimmer:
 
     def _start(self, idle: bool = False) -> None:
         self._scheduled = False
-        if self._running or self._trim is None:  # the next free schedules again
-            logger.debug("trim skipped: one is running")
+        if self._running or self._trim is None:
+            logger.debug("trim skipped: one is running; looked at again when it is done")
+            self._again = True
             return
         self._freed = 0
         self._last = time.monotonic()
@@ -153,6 +162,11 @@ class Trimmer:
         logger.debug("trimmed the heap (trim %d): RSS now %.0f MB", self.trims, self._floor / 1e6)
         if not fut.cancelled() and fut.exception() is not None:
             logger.warning("malloc_trim failed: %s", fut.exception())
+        if self._again and not self._busy():
+            # an idle trim asked for meanwhile (a large HTTP body's call ending while the trim
+            # its bytes scheduled ran): without this it waited for the watch, up to WATCH_S
+            self._again = False
+            self.idle()
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

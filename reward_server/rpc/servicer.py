@@ -90,7 +90,7 @@ class RewardServicer:
             per_connection=settings.max_unsent_response_bytes_per_connection,
             total=settings.max_unsent_response_bytes,
         )
-        self.trimmer = Trimmer()
+        self.trimmer = Trimmer(busy=lambda: self._active > 0)
         self._info_reply: pb.InfoResponse | None = None
         self._max_bytes = {  # no valid request of the method is larger
             "Score": settings.max_message_bytes,

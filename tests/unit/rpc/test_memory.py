@@ -80,3 +80,27 @@ async def test_an_idle_server_gives_back_heap_freed_without_a_call() -> None:
         assert top
     finally:
         watch.cancel()
+
+
+async def test_an_idle_trim_asked_for_during_another_trim_runs_after_it() -> None:
+    """A large body's call ends (idle) while the trim its bytes scheduled is under way: the idle
+    trim (a full collection first) follows that one at once, not at the watch's next look."""
+    busy = False
+    t = Trimmer(after_bytes=4 << 20, busy=lambda: busy)
+    if t._trim is None:
+        pytest.skip("this libc has no malloc_trim")
+    t.freed(5 << 20)  # schedules a trim ...
+    t.idle()  # ... so this one is asked for while it is scheduled
+    assert await _trims_within(t, 2.0) == 1
+    end = asyncio.get_running_loop().time() + 2.0
+    while asyncio.get_running_loop().time() < end and t.trims < 2:
+        await asyncio.sleep(0.05)
+    assert t.trims == 2  # no watch runs here: only the trim that was done asked for it
+
+    busy = True  # calls in flight: the end of the last one asks again, not the trim
+    t.freed(5 << 20)
+    t.idle()
+    await asyncio.sleep(memory.MIN_INTERVAL_S + 2 * memory.DELAY_S + 0.3)
+    assert t.trims == 3
+    await asyncio.sleep(memory.MIN_INTERVAL_S + 0.3)
+    assert t.trims == 3
