@@ -36,11 +36,11 @@ from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engin
 logger = logging.getLogger(__name__)
 
 
-def engine_batches(config: RewardServerConfig) -> list[int]:
-    """Items one full batch of each engine holds, over all its replicas: the judge's and a
-    separate NLI engine's ``batching.max_items``, times their most replicas on Ray (judge-as-NLI
-    sends its pairs to the judge). Sizes the default admission limits."""
-    sizes = []
+def engine_batch_items(config: RewardServerConfig) -> int:
+    """Items one full batch of every engine replica holds: the judge's and a separate NLI
+    engine's ``batching.max_items``, times their most replicas on Ray (judge-as-NLI sends its
+    pairs to the judge). Sizes the default admission limit."""
+    total = 0
     for name in ("judge", "nli"):
         engine = getattr(config.engines, name)
         if engine is None or isinstance(engine, JudgeNLISettings):
@@ -48,14 +48,8 @@ def engine_batches(config: RewardServerConfig) -> list[int]:
         replicas = 1
         if config.serving.mode == "ray":
             replicas = getattr(config.serving.ray, name).max_replicas
-        sizes.append(engine.batching.max_items * replicas)
-    return sizes or [1]
-
-
-def engine_batch_items(config: RewardServerConfig) -> int:
-    """Items one full batch of every engine replica holds (:func:`engine_batches`, summed):
-    sizes the default cap of the judgment limit."""
-    return max(1, sum(engine_batches(config)))
+        total += engine.batching.max_items * replicas
+    return max(1, total)
 
 
 def build_service(config: RewardServerConfig, engines: Engines) -> RewardService:
@@ -69,8 +63,7 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         nli_settings=config.nli,
         fake_engines=config.engines.fake,
         admission=admission_for(
-            config.service.admission, engine_batch_items=engine_batch_items(config),
-            floor_items=max(engine_batches(config)),
+            config.service.admission, engine_batch_items=engine_batch_items(config)
         ),
     )
 

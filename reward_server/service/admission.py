@@ -14,7 +14,7 @@ is throughput times latency, so the judgment limit is the measured throughput (a
 judgments admitted calls complete per busy second) times the latency target
 (``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
-same with calls per second. Each stays between a floor (one full batch of the largest engine; a few calls)
+same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
 and the configured caps. When the engines are
 faster than the work admitted, latency stays under the target and the limit grows with the
 throughput it measures; when they slow down, it shrinks. It does not grow while the event loop
@@ -103,11 +103,7 @@ class AdmissionSettings(BaseModel):
     )
     min_judgments_in_flight: int | None = Field(
         None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch "
-        "of the largest engine (its batching.max_items, times its replicas on Ray): a call's "
-        "judgments go to one engine or are split between two, so a floor of both engines' "
-        "batches together kept twice the work of one full batch in flight on a CPU-bound "
-        "ingress (bench/faults.py, 2x overload: admitted p99 1.95x unloaded with 256, 3.6-3.8x "
-        "with 512)."
+        "of every engine (their batching.max_items, as above)."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
@@ -189,18 +185,15 @@ class Admission:
         return cls(max_judgments=None, max_bytes=None)
 
     @classmethod
-    def from_settings(cls, s: AdmissionSettings, *, engine_batch_items: int,
-                      floor_items: int | None = None) -> Admission:
-        """``engine_batch_items``: the items one full batch of every engine replica holds (the
-        default cap: ``batches_in_flight`` of them); ``floor_items``: one full batch of the
-        largest engine (the default floor; None: ``engine_batch_items``)."""
+    def from_settings(cls, s: AdmissionSettings, *, engine_batch_items: int) -> Admission:
+        """``engine_batch_items``: the items one full batch of every engine replica holds."""
         if not s.enabled:
             return cls.off()
         cap = s.max_judgments_in_flight or s.batches_in_flight * engine_batch_items
         return cls(
             max_judgments=cap, max_bytes=s.max_request_bytes_in_flight,
             max_calls=s.max_calls_in_flight, adaptive=s.adaptive,
-            min_judgments=s.min_judgments_in_flight or floor_items or engine_batch_items,
+            min_judgments=s.min_judgments_in_flight or engine_batch_items,
             min_calls=s.min_calls_in_flight, target_s=s.target_p99_s, max_wait_s=s.max_wait_s,
             max_waiting=s.max_waiting,
         )

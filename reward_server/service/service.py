@@ -58,14 +58,10 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def admission_for(settings: AdmissionSettings, *, engine_batch_items: int,
-                  floor_items: int | None = None) -> Admission:
+def admission_for(settings: AdmissionSettings, *, engine_batch_items: int) -> Admission:
     """The admission control ``settings`` ask for; ``engine_batch_items``: the items one full
-    batch of every engine replica holds (sizes the default cap of the judgment limit);
-    ``floor_items``: one full batch of the largest engine (its default floor; None: the same
-    as ``engine_batch_items``)."""
-    return Admission.from_settings(settings, engine_batch_items=engine_batch_items,
-                                   floor_items=floor_items)
+    batch of every engine replica holds (sizes the default judgment limit)."""
+    return Admission.from_settings(settings, engine_batch_items=engine_batch_items)
 
 
 class RewardService:

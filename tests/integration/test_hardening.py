@@ -177,10 +177,7 @@ async def test_drain_under_load_loses_no_accepted_call() -> None:
     in ~3% of runs, one call), and the client retries CANCELLED (test_client_resilience)."""
     items = rubric_items(16, 2)
     codes: collections.Counter[str] = collections.Counter()
-    # 12 callers x 32 judgments, no retries: admitted at once (at the default floor, one engine
-    # batch, some would be refused until the limit grows; refusal is not what this tests)
-    async with running_server(["service.admission.min_judgments_in_flight=4096"],
-                              judge=FakeJudge(latency_s=0.1)) as r:
+    async with running_server(judge=FakeJudge(latency_s=0.1)) as r:
         stop = asyncio.Event()
 
         async def client_loop() -> None:

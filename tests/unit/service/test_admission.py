@@ -106,20 +106,6 @@ def test_settings_size_the_default_from_the_engines() -> None:
     t.admit(10**9)  # never refuses
 
 
-def test_the_default_floor_is_the_largest_engines_batch_and_the_cap_all_of_them() -> None:
-    from reward_server.app import engine_batch_items, engine_batches
-    from reward_server.config import load_config
-
-    config = load_config(overrides=[
-        "engines={judge: {kind: fake, batching: {max_items: 256}}, "
-        "nli: {kind: fake, batching: {max_items: 96}}}",
-        "service.admission.batches_in_flight=4"], env={})
-    assert engine_batches(config) == [256, 96]
-    a = admission_for(config.service.admission, engine_batch_items=engine_batch_items(config),
-                      floor_items=max(engine_batches(config)))
-    assert (a.cap_judgments, a.min_judgments, a.max_judgments) == (4 * 352, 256, 256)
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
