@@ -89,7 +89,9 @@ def _refused() -> float:
     return float(value or 0.0)
 
 
-async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
+                   modes: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The rows ``modes`` (default ``args.modes``) against a server with ``overrides``."""
     app = await start_app(load_config(overrides=["server.port=0", "server.drain_delay_s=0", FAKE,
                                                  *overrides, *args.overrides], env={}))
     if not args.gc_default:
@@ -97,7 +99,7 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace)
     rows = {}
     refused = _refused()
     try:
-        for mode in args.modes:
+        for mode in modes or args.modes:
             child = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--client", app.target, "--mode", mode,
                 "--callers", str(args.callers), "--calls", str(args.calls),
@@ -167,9 +169,8 @@ async def main() -> None:
     if not args.no_ray:
         ray = await scenario("gRPC->Ray Serve", on_ray, args)
         if not args.no_actor and "on" in args.modes:
-            modes, args.modes = args.modes, ["on"]
-            actor = await scenario("Ray, actor calls", [*on_ray, "serving.ray.transport=actor"], args)
-            args.modes = modes
+            actor = await scenario("Ray, actor calls", [*on_ray, "serving.ray.transport=actor"], args,
+                                   modes=["on"])
     print("\n| hosting | micro-batching | items/s | p50 ms | p99 ms | server CPU ms/item | callers' CPU ms/item |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for hosting, rows in (("gRPC -> in-process", local), ("gRPC -> Ray Serve", ray),

@@ -120,8 +120,8 @@ class AdmissionSettings(BaseModel):
         "room (fair order: most previous attempts first, then earliest) before it is refused "
         "(first attempts never wait). 0.05: about one 256-item call on 2 cores, so the room "
         "freed by the next call to finish goes to a waiting retry instead of idling until the "
-        "next pushback ends (bench/scaling.py, 256-item calls, concurrency 256 / 64: 0.91-0.94x "
-        "against 0.81-0.84x at 0.005)."
+        "next pushback ends (bench/scaling.py, 256-item calls, concurrency 256 / 64: 0.86-0.96x "
+        "in four runs against 0.81-0.84x in three at 0.005)."
     )
     max_waiting: int = Field(
         128, ge=0, description="Calls waiting for room at once; past it a call with more "

@@ -162,13 +162,15 @@ class HandleCaller:
                     )
                     continue
                 metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)
+                over_grpc = isinstance(e, grpc.aio.AioRpcError)
                 how = (f"could not be reached over gRPC ({e.code().name}: {e.details()})"
-                       if isinstance(e, grpc.aio.AioRpcError) else "died")
+                       if over_grpc else "died")
+                check = ("that the ingress reaches the replicas' ports (or set "
+                         "serving.ray.transport=actor)" if over_grpc else "the node's memory")
                 raise BackendUnavailable(
                     f"the {self._deployment} replica serving {len(piece)} items {how} and "
                     f"{self._max_retries} retries did not find a live one; check the replicas "
-                    "(serve status), the node's memory and, over gRPC, that the ingress reaches "
-                    "the replicas' ports (or set serving.ray.transport=actor)"
+                    f"(serve status) and {check}"
                 ) from e
             except DeploymentUnavailableError as e:
                 metrics.observe_engine_call(self._deployment, method, "unavailable", 0.0)

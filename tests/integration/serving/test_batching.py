@@ -192,4 +192,3 @@ async def test_batching_knobs_change_at_runtime(engines: RayEngines, kit: Any) -
         assert max(new) <= 8 and max(new) > 1
     finally:
         again.shutdown()
-
