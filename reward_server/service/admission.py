@@ -12,7 +12,8 @@ line paced by the calls completing (:class:`~reward_server.service._limiter.Retr
 **The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
 is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
 judgments admitted calls complete per busy second) times the latency target
-(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
+(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured; scaled up
+in proportion when the usual call has grown past the calls it was measured on), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
 same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
 and the configured caps. When the engines are
@@ -76,8 +77,10 @@ _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alon
 # 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
 RETRIES_PER_COMPLETED = 0.5
 SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
-SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
-# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it)
+SHED_MIN_ALONE_S = 0.003  # ... when a usual call takes this long alone (a refusal costs the loop
+# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
+# 3 ms, not 5: bench/faults.py's 128-judgment calls take 4-6 ms alone on 2 cores, and at 5 ms
+# whether they were shed varied between runs (2x overload, steady p99 11.9-12.5 ms against 34.6)
 
 
 class AdmissionSettings(BaseModel):
@@ -171,6 +174,7 @@ class Admission:
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
         self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
         self.alone_s: float | None = None  # moving average: a usual call's latency, alone
+        self._alone_judgments = 0.0  # ... and the judgments of the calls it was measured on
         self.judgments_per_s: float | None = None  # throughput per busy second (EWMA)
         self.calls_per_s: float | None = None
         self._clock = clock
@@ -209,7 +213,18 @@ class Admission:
         """The latency the adaptive limits aim for (None: not measured yet)."""
         if self.target_s is not None:
             return self.target_s
-        return None if self.alone_s is None else _ALONE_FACTOR * self.alone_s
+        alone = self.alone_now()
+        return None if alone is None else _ALONE_FACTOR * alone
+
+    def alone_now(self) -> float | None:
+        """A usual call's latency alone: as measured, or, when the usual call has grown past
+        the calls it was measured on (at high concurrency calls are seldom alone), that
+        measurement scaled up in proportion, never down: a stale, smaller measurement would
+        set a target that the calls admitted now cannot meet and shed them needlessly."""
+        if self.alone_s is None:
+            return None
+        grown = self._call_judgments / self._alone_judgments if self._alone_judgments else 1.0
+        return self.alone_s * max(1.0, grown)
 
     def _refuse(self, what: str, limit: str, stage: str) -> Overloaded:
         self.refused += 1
@@ -412,8 +427,11 @@ class Admission:
             alone = ticket.alone and ticket.seq == self._admitted and not self.calls
             usual = self._call_judgments  # a call of about the usual size (a huge one alone
             if alone and 0.5 * usual <= judgments <= 2 * usual:  # would inflate the target)
-                self.alone_s = took if self.alone_s is None else (
-                    self.alone_s + _EWMA * (took - self.alone_s))
+                if self.alone_s is None:
+                    self.alone_s, self._alone_judgments = took, float(judgments)
+                else:
+                    self.alone_s += _EWMA * (took - self.alone_s)
+                    self._alone_judgments += _EWMA * (judgments - self._alone_judgments)
             self._window.done(judgments, took)
             if now - self._window.start >= WINDOW_S:
                 self._resize(now)
@@ -441,7 +459,7 @@ class Admission:
         # under the target, and the event loop has room to accept more calls (saturated, calls
         # wait in the transport, unseen by the latency measured here)
         saturated = (self.loop_busy is not None and self.loop_busy >= SATURATED
-                     and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
+                     and (self.alone_now() or 0.0) >= SHED_MIN_ALONE_S)
         fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
         # overloaded, not just busy: saturated AND calls refused for lack of room (a loop
