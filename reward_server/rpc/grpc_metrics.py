@@ -151,12 +151,35 @@ class _Call:
         i.sent.record(self.sent, attrs)
 
 
+def when_done(context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[], object]) -> None:
+    """Call ``fn`` when gRPC is done with the call of ``context`` (its answer written, or the
+    call ended otherwise); from inside that call's handler.
+
+    Not ``context.add_done_callback``: gRPC keeps such a callback, bound to the context, in the
+    call's state, which the context refers to, and never drops it: one reference cycle per
+    call, with the call's state and gRPC's copy of its metadata, that only the cyclic collector
+    frees. The serving thresholds (:data:`reward_server.app.SERVER_GC_THRESHOLDS`) collect
+    rarely, and calls in flight during a young collection are promoted, so after a burst of
+    calls their states piled up until a full collection, and the memory they had spread over
+    stayed with the process. The handler runs in the task gRPC created for the call
+    (grpc.aio's ``_schedule_rpc_coro``), which runs the context's done callbacks when it
+    finishes; a callback on that task runs at the same moment, and asyncio drops a task's
+    callbacks once they ran. (The request is read with ``context.read()`` for the same reason,
+    :meth:`reward_server.rpc.servicer.RewardServicer._receive`.) bench/faults.py --only small,
+    1,024 concurrent 1-item calls: RSS 69 -> 72 MB after them, against 72 -> 88 before."""
+    task = asyncio.current_task()
+    if task is None:  # not in a task (not seen): gRPC's own way, cycle and all
+        context.add_done_callback(lambda _c: fn())  # type: ignore[arg-type]
+        return
+    task.add_done_callback(lambda _t: fn())
+
+
 def _watched(behavior: Callable[..., Any], call: _Call) -> Callable[..., Any]:
     """``behavior`` (a coroutine, async generator or plain function of (request, context))
     that first asks gRPC to report the call's end to ``call``."""
 
     def watch(context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        context.add_done_callback(lambda _c: call.done(context))  # type: ignore[arg-type]
+        when_done(context, lambda: call.done(context))
 
     if inspect.isasyncgenfunction(behavior):
         async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:

@@ -38,6 +38,7 @@ from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
+from reward_server.rpc.grpc_metrics import when_done
 from reward_server.rpc.memory import Trimmer
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import message_for, status_for, trailers_for
@@ -149,17 +150,22 @@ class RewardServicer:
             await asyncio.wait_for(self._released.wait(), wait)
 
     # ------------------------------------------------------------------- calls
-    async def _receive(self, requests: Requests) -> bytes:
+    async def _receive(self, context: Context) -> bytes:
+        """The call's one request message, read from ``context`` and not by iterating the
+        request iterator gRPC passes: that iterator starts an async generator that refers back
+        to it, a reference cycle per call that only the cyclic collector frees (see
+        :func:`~reward_server.rpc.grpc_metrics.when_done`)."""
         limit = self._settings.receive_timeout_s
         try:
-            return await asyncio.wait_for(anext(requests), limit)
+            message = await asyncio.wait_for(context.read(), limit)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"the request message did not arrive within server.receive_timeout_s={limit}s "
                 "of the call's headers"
             ) from None
-        except StopAsyncIteration:
-            raise InvalidRequest("the call carried no request message") from None
+        if message is grpc.aio.EOF:  # type: ignore[attr-defined]
+            raise InvalidRequest("the call carried no request message")
+        return message  # type: ignore[no-any-return]
 
     def _check_size(self, rpc: str, raw: bytes) -> None:
         cap = self._max_bytes[rpc]
@@ -253,7 +259,7 @@ class RewardServicer:
             self.unsent.enter(peer)  # refused while this connection does not read
             try:
                 response = await self.call(
-                    rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
+                    rpc, lambda: self._receive(context), time_remaining=context.time_remaining,
                     transport="grpc", park=lambda: self._refuse_draining(context),
                     attempts=_previous_attempts(context),
                 )
@@ -261,7 +267,7 @@ class RewardServicer:
                 self.unsent.hold(peer, nbytes)  # until gRPC has written it (or the call ends)
             finally:
                 self.unsent.leave(peer)
-            context.add_done_callback(lambda _c: self._sent(peer, nbytes))  # type: ignore[arg-type]
+            when_done(context, lambda: self._sent(peer, nbytes))
             return response
         except Exception as exc:
             # gRPC keeps the abort's exception, whose context is ``exc``, in the call's state
