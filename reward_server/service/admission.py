@@ -12,8 +12,7 @@ line paced by the calls completing (:class:`~reward_server.service._limiter.Retr
 **The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
 is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
 judgments admitted calls complete per busy second) times the latency target
-(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured; scaled up
-in proportion when the usual call has grown past the calls it was measured on), divided by
+(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
 same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
 and the configured caps. When the engines are
@@ -174,7 +173,6 @@ class Admission:
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
         self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
         self.alone_s: float | None = None  # moving average: a usual call's latency, alone
-        self._alone_judgments = 0.0  # ... and the judgments of the calls it was measured on
         self.judgments_per_s: float | None = None  # throughput per busy second (EWMA)
         self.calls_per_s: float | None = None
         self._clock = clock
@@ -213,18 +211,7 @@ class Admission:
         """The latency the adaptive limits aim for (None: not measured yet)."""
         if self.target_s is not None:
             return self.target_s
-        alone = self.alone_now()
-        return None if alone is None else _ALONE_FACTOR * alone
-
-    def alone_now(self) -> float | None:
-        """A usual call's latency alone: as measured, or, when the usual call has grown past
-        the calls it was measured on (at high concurrency calls are seldom alone), that
-        measurement scaled up in proportion, never down: a stale, smaller measurement would
-        set a target that the calls admitted now cannot meet and shed them needlessly."""
-        if self.alone_s is None:
-            return None
-        grown = self._call_judgments / self._alone_judgments if self._alone_judgments else 1.0
-        return self.alone_s * max(1.0, grown)
+        return None if self.alone_s is None else _ALONE_FACTOR * self.alone_s
 
     def _refuse(self, what: str, limit: str, stage: str) -> Overloaded:
         self.refused += 1
@@ -427,11 +414,8 @@ class Admission:
             alone = ticket.alone and ticket.seq == self._admitted and not self.calls
             usual = self._call_judgments  # a call of about the usual size (a huge one alone
             if alone and 0.5 * usual <= judgments <= 2 * usual:  # would inflate the target)
-                if self.alone_s is None:
-                    self.alone_s, self._alone_judgments = took, float(judgments)
-                else:
-                    self.alone_s += _EWMA * (took - self.alone_s)
-                    self._alone_judgments += _EWMA * (judgments - self._alone_judgments)
+                self.alone_s = took if self.alone_s is None else (
+                    self.alone_s + _EWMA * (took - self.alone_s))
             self._window.done(judgments, took)
             if now - self._window.start >= WINDOW_S:
                 self._resize(now)
@@ -459,7 +443,7 @@ class Admission:
         # under the target, and the event loop has room to accept more calls (saturated, calls
         # wait in the transport, unseen by the latency measured here)
         saturated = (self.loop_busy is not None and self.loop_busy >= SATURATED
-                     and (self.alone_now() or 0.0) >= SHED_MIN_ALONE_S)
+                     and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
         fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
         # overloaded, not just busy: saturated AND calls refused for lack of room (a loop

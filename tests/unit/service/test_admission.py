@@ -351,23 +351,6 @@ def test_calls_of_4_ms_alone_are_shed_too() -> None:
     assert 100 <= a.max_judgments < 200
 
 
-def test_a_lone_latency_measured_on_smaller_calls_scales_up_with_the_usual_call() -> None:
-    """Measured alone on calls of 10 judgments (4 ms), then the usual call grows to 80 and
-    never runs alone (two at a time): the target follows the calls' size, 8x, instead of
-    holding the 80-judgment calls to the small calls' 8 ms; smaller calls never scale it
-    down."""
-    clock = Clock()
-    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
-                  min_judgments=1000, min_calls=16, clock=clock, seed=0)
-    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.004, judgments=10)
-    assert a.target() == pytest.approx(0.008)
-    _load(a, clock, offered=2, seconds=2.0, took_s=lambda n: 0.03, judgments=80)
-    assert a.alone_s == pytest.approx(0.004)  # not measured on the larger calls: never alone
-    assert a.target() == pytest.approx(2 * 0.004 * 8, rel=0.01)
-    _load(a, clock, offered=2, seconds=2.0, took_s=lambda n: 0.002, judgments=5)
-    assert a.target() == pytest.approx(0.008, rel=0.01)
-
-
 def test_a_busy_loop_refusing_nothing_keeps_its_floor() -> None:
     """Saturated by the callers' own work (a test's client on the server's loop), but every
     call fits: the limit stays at its floor, so two concurrent calls are never refused."""
