@@ -76,10 +76,11 @@ _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alon
 # 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
 RETRIES_PER_COMPLETED = 0.5
 SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
-SHED_MIN_ALONE_S = 0.003  # ... when a usual call takes this long alone (a refusal costs the loop
+SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
 # about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
-# 3 ms, not 5: bench/faults.py's 128-judgment calls take 4-6 ms alone on 2 cores, and at 5 ms
-# whether they were shed varied between runs (2x overload, steady p99 11.9-12.5 ms against 34.6)
+# 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of 4-6 ms alone):
+# with the call-state cycles gone, three interleaved runs each served 649-748 calls at 2x
+# overload against 884-928 at 5 ms, with no lower p99 (24.5-42.6 ms against 11.5-36.8)
 
 
 class AdmissionSettings(BaseModel):

@@ -339,18 +339,6 @@ def test_an_overloaded_saturated_loop_sheds_under_the_floor_and_returns_to_it() 
     assert a.max_judgments >= 400
 
 
-def test_calls_of_4_ms_alone_are_shed_too() -> None:
-    """A 128-judgment call of the fault bench takes 4-6 ms alone on 2 cores: an overloaded,
-    saturated loop sheds such calls under the floor as well (not only calls of 10 ms)."""
-    clock = Clock()
-    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
-                  min_judgments=400, min_calls=16, clock=clock, cpu_clock=Cpu(clock), seed=0)
-    serial = lambda n: 0.004 * max(1, n)  # noqa: E731
-    _load(a, clock, offered=1, seconds=1.0, took_s=serial)
-    _load(a, clock, offered=8, seconds=5.0, took_s=serial)
-    assert 100 <= a.max_judgments < 200
-
-
 def test_a_busy_loop_refusing_nothing_keeps_its_floor() -> None:
     """Saturated by the callers' own work (a test's client on the server's loop), but every
     call fits: the limit stays at its floor, so two concurrent calls are never refused."""
