@@ -164,9 +164,14 @@ def when_done(context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[], obje
     stayed with the process. The handler runs in the task gRPC created for the call
     (grpc.aio's ``_schedule_rpc_coro``), which runs the context's done callbacks when it
     finishes; a callback on that task runs at the same moment, and asyncio drops a task's
-    callbacks once they ran. (The request is read with ``context.read()`` for the same reason,
-    :meth:`reward_server.rpc.servicer.RewardServicer._receive`.) bench/faults.py --only small,
-    1,024 concurrent 1-item calls: RSS 69 -> 72 MB after them, against 72 -> 88 before."""
+    callbacks once they ran. 1,024 concurrent 1-item calls (bench/faults.py's G) on a fresh
+    server: RSS 70 -> 72 MB after them, against 71 -> 85 before.
+
+    gRPC's request iterator makes a second cycle (the async generator it starts refers back to
+    it). Reading the request with ``context.read()`` instead avoided it, but then the three
+    16 MiB bodies of faults.py's A stayed resident (69 -> 84-92 MB, free in glibc's per-thread
+    arenas, which ``malloc_trim`` did not return) where through the iterator they did not
+    (69 -> 69-70), so the iterator stays."""
     task = asyncio.current_task()
     if task is None:  # not in a task (not seen): gRPC's own way, cycle and all
         context.add_done_callback(lambda _c: fn())  # type: ignore[arg-type]

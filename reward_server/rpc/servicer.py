@@ -150,22 +150,17 @@ class RewardServicer:
             await asyncio.wait_for(self._released.wait(), wait)
 
     # ------------------------------------------------------------------- calls
-    async def _receive(self, context: Context) -> bytes:
-        """The call's one request message, read from ``context`` and not by iterating the
-        request iterator gRPC passes: that iterator starts an async generator that refers back
-        to it, a reference cycle per call that only the cyclic collector frees (see
-        :func:`~reward_server.rpc.grpc_metrics.when_done`)."""
+    async def _receive(self, requests: Requests) -> bytes:
         limit = self._settings.receive_timeout_s
         try:
-            message = await asyncio.wait_for(context.read(), limit)
+            return await asyncio.wait_for(anext(requests), limit)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"the request message did not arrive within server.receive_timeout_s={limit}s "
                 "of the call's headers"
             ) from None
-        if message is grpc.aio.EOF:  # type: ignore[attr-defined]
-            raise InvalidRequest("the call carried no request message")
-        return message  # type: ignore[no-any-return]
+        except StopAsyncIteration:
+            raise InvalidRequest("the call carried no request message") from None
 
     def _check_size(self, rpc: str, raw: bytes) -> None:
         cap = self._max_bytes[rpc]
@@ -259,7 +254,7 @@ class RewardServicer:
             self.unsent.enter(peer)  # refused while this connection does not read
             try:
                 response = await self.call(
-                    rpc, lambda: self._receive(context), time_remaining=context.time_remaining,
+                    rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
                     transport="grpc", park=lambda: self._refuse_draining(context),
                     attempts=_previous_attempts(context),
                 )
