@@ -190,8 +190,9 @@ def tune_gc_for_serving() -> None:
 
     The young threshold is 25,000, not the 50,000 first measured: each finished call then left
     a reference cycle in gRPC (its call state and the done callbacks it holds), freed only by
-    a collection, and a young pass freed all that came since the last one at once (the server
-    no longer makes those cycles: :func:`reward_server.rpc.grpc_metrics.when_done`). In a run
+    a collection, and a young pass freed all that came since the last one at once (the done
+    callbacks' cycles are gone, :func:`reward_server.rpc.grpc_metrics.when_done`; the request
+    iterator's remains). In a run
     of bench/faults.py the 50,000 passes held the event loop up to 118 ms (health checks
     queue behind such holds); in a run at 25,000 the longest was 67 ms, at the same
     throughput (bench/scaling.py --per-call 1 256 --concurrency 64 --min-s 15, 256-item

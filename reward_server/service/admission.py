@@ -78,7 +78,7 @@ RETRIES_PER_COMPLETED = 0.5
 SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
 SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
 # about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
-# 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of 4-6 ms alone):
+# 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of ~5 ms alone):
 # with the call-state cycles gone, three interleaved runs each served 649-748 calls at 2x
 # overload against 884-928 at 5 ms, with no lower p99 (24.5-42.6 ms against 11.5-36.8)
 
