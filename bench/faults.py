@@ -875,8 +875,7 @@ async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
         async with phase(s, f"4. {factor}x overload: {loops} x 128 judgments vs limit {args.limit}") as p:
             before = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port)
-            steady = p.steady
-            await closed_loop(caller, std, loops, args.seconds, p, steady=steady)
+            await closed_loop(caller, std, loops, args.seconds, p, steady=p.steady)
             after = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port) - stages
             p.server_refusal_p99 = bucket_p99(before, after)
@@ -884,7 +883,7 @@ async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
             p.outcome = (f"{dict(p.codes)}; refused {dict(stages)}; judgment limit at the end "
                          f"{shed}; server-side refusal p99 "
                          f"{p.server_refusal_p99}; served p99 without the first 0.5 s (all "
-                         f"{loops} loops start at once) {ms(steady, .99)} ms")
+                         f"{loops} loops start at once) {ms(p.steady, .99)} ms")
         out = out or p
     assert out is not None
     return out
@@ -1132,7 +1131,6 @@ def main() -> None:
                     help="run only the baselines and one class: the overload (4), attack B "
                     "(streams), the large requests (3a-3d) or the 1,024 1-item callers (G, small)")
     args = ap.parse_args()
-    args.adaptive = not args.tuned
     for k, v in (TUNED if args.tuned else DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)

@@ -173,9 +173,7 @@ def when_done(context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[], obje
     arenas, which ``malloc_trim`` did not return) where through the iterator they did not
     (69 -> 69-70), so the iterator stays."""
     task = asyncio.current_task()
-    if task is None:  # not in a task (not seen): gRPC's own way, cycle and all
-        context.add_done_callback(lambda _c: fn())  # type: ignore[arg-type]
-        return
+    assert task is not None, "when_done is called from a gRPC handler, which runs in a task"
     task.add_done_callback(lambda _t: fn())
 
 
