@@ -30,6 +30,36 @@ async def test_idle_trims_once_calls_moved_a_megabyte() -> None:
     assert await _trims_within(t, 2.0) == 1
 
 
+async def test_an_idle_trim_waits_for_a_server_that_got_busy_again() -> None:
+    """Idle when asked for, calls in flight again when it would start: its full collection
+    is not run under them (it would hold the event loop); the next idle moment asks again."""
+    import gc
+
+    busy = False
+    t = Trimmer(busy=lambda: busy)
+    if t._trim is None:
+        pytest.skip("this libc has no malloc_trim")
+    full: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    gc.callbacks.append(seen)
+    try:
+        t.freed(memory.TRIM_IDLE_BYTES)
+        t.idle()
+        busy = True  # a call arrives before the trim's delay is over
+        assert await _trims_within(t, memory.DELAY_S + 0.5) == 0
+        assert not full
+        busy = False  # the last call in flight ended
+        t.idle()
+        assert await _trims_within(t, 2.0) == 1
+        assert full
+    finally:
+        gc.callbacks.remove(seen)
+
+
 async def test_large_frees_trim_without_waiting_for_idle() -> None:
     t = Trimmer(after_bytes=4 << 20)
     if t._trim is None:
