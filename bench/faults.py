@@ -874,15 +874,19 @@ async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
         loops = max(1, round(factor * args.limit / 128))
         async with phase(s, f"4. {factor}x overload: {loops} x 128 judgments vs limit {args.limit}") as p:
             before = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
+            ok_before = await asyncio.to_thread(server_latency, s.metrics_port, "OK")
+            at_start = await asyncio.to_thread(limit_now, s.metrics_port, args.limit)
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port)
             await closed_loop(caller, std, loops, args.seconds, p, steady=p.steady)
             after = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
+            ok_after = await asyncio.to_thread(server_latency, s.metrics_port, "OK")
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port) - stages
             p.server_refusal_p99 = bucket_p99(before, after)
             shed = await asyncio.to_thread(limit_now, s.metrics_port, args.limit)
-            p.outcome = (f"{dict(p.codes)}; refused {dict(stages)}; judgment limit at the end "
+            p.outcome = (f"{dict(p.codes)}; refused {dict(stages)}; judgment limit at the start {at_start}, at the end "
                          f"{shed}; server-side refusal p99 "
-                         f"{p.server_refusal_p99}; served p99 without the first 0.5 s (all "
+                         f"{p.server_refusal_p99}; server-side served p99 "
+                         f"{bucket_p99(ok_before, ok_after)}; served p99 without the first 0.5 s (all "
                          f"{loops} loops start at once) {ms(p.steady, .99)} ms")
         out = out or p
     assert out is not None
