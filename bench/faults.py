@@ -174,12 +174,13 @@ def free_port() -> int:
 
 
 def server_latency(metrics_port: int, code: str) -> dict[float, float]:
-    """Cumulative counts of the server's own Score latency histogram for ``code`` (le -> n)."""
+    """Cumulative counts of the server's own Score latency histogram for ``code`` (le -> n), over
+    gRPC (the HTTP door's calls are counted apart)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     out: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith("reward_server_rpc_latency_seconds_bucket{") and 'rpc="Score"' in line \
-                and f'code="{code}"' in line:
+                and f'code="{code}"' in line and 'transport="grpc"' in line:
             le = line.split('le="', 1)[1].split('"', 1)[0]
             out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
     return out

@@ -12,7 +12,8 @@ line paced by the calls completing (:class:`~reward_server.service._limiter.Retr
 **The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
 is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
 judgments admitted calls complete per busy second) times the latency target
-(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured), divided by
+(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured per call
+size: :class:`~reward_server.service._limiter.AloneLatency`), divided by
 :data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
 same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
 and the configured caps. When the engines are
@@ -62,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reward_server import metrics
 from reward_server.errors import Overloaded
-from reward_server.service._limiter import LoopLoad, RetryLine, Window, between
+from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window, between
 
 _RETRY_MIN_S = 0.05
 _RETRY_MAX_S = 5.0
@@ -173,7 +174,7 @@ class Admission:
         self.loop_busy: float | None = None  # the event loop's CPU share, last window
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
         self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
-        self.alone_s: float | None = None  # moving average: a usual call's latency, alone
+        self._alone = AloneLatency(_EWMA)  # calls' latency alone, by size
         self.judgments_per_s: float | None = None  # throughput per busy second (EWMA)
         self.calls_per_s: float | None = None
         self._clock = clock
@@ -208,11 +209,17 @@ class Admission:
         return self._line.hint(self._clock(), least_s=self._call_s * self._rng.uniform(0.5, 1.5),
                                per_s=per_s)
 
+    @property
+    def alone_s(self) -> float | None:
+        """A call of the usual size: its latency alone (None: not measured yet)."""
+        return self._alone.at(self._call_judgments)
+
     def target(self) -> float | None:
         """The latency the adaptive limits aim for (None: not measured yet)."""
         if self.target_s is not None:
             return self.target_s
-        return None if self.alone_s is None else _ALONE_FACTOR * self.alone_s
+        alone = self.alone_s
+        return None if alone is None else _ALONE_FACTOR * alone
 
     def _refuse(self, what: str, limit: str, stage: str) -> Overloaded:
         self.refused += 1
@@ -412,11 +419,8 @@ class Admission:
             took = now - ticket.arrived_at
             self._call_s += _EWMA * (took - self._call_s)
             # alone from its admission to its end: nobody else admitted or still held
-            alone = ticket.alone and ticket.seq == self._admitted and not self.calls
-            usual = self._call_judgments  # a call of about the usual size (a huge one alone
-            if alone and 0.5 * usual <= judgments <= 2 * usual:  # would inflate the target)
-                self.alone_s = took if self.alone_s is None else (
-                    self.alone_s + _EWMA * (took - self.alone_s))
+            if ticket.alone and ticket.seq == self._admitted and not self.calls:
+                self._alone.observe(judgments, took)
             self._window.done(judgments, took)
             if now - self._window.start >= WINDOW_S:
                 self._resize(now)

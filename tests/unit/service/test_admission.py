@@ -165,6 +165,22 @@ def test_the_adaptive_limit_follows_measured_throughput_and_the_latency_target()
     assert a.max_judgments == 100
 
 
+def test_the_target_follows_the_latency_alone_of_calls_of_the_usual_size() -> None:
+    """Calls of another size measured alone in between (1-item calls, 1 ms) do not set the
+    target for the usual calls once they are back (128 judgments, 10 ms alone, now in pairs,
+    never alone): twice 10 ms, not twice 1 ms."""
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=256, min_calls=2, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=0.5, took_s=lambda n: 0.01, judgments=128)
+    assert a.target() == pytest.approx(0.02)
+    _load(a, clock, offered=1, seconds=0.2, took_s=lambda n: 0.001, judgments=1)
+    assert a.target() == pytest.approx(0.002)  # 1-item calls are the usual ones now
+    _load(a, clock, offered=2, seconds=0.5, took_s=lambda n: 0.012, judgments=128)
+    assert a.alone_s == pytest.approx(0.01)
+    assert a.target() == pytest.approx(0.02)
+
+
 def test_a_latency_target_and_the_caps_bound_the_limit() -> None:
     clock = Clock()
     a = Admission(max_judgments=1000, max_bytes=None, max_calls=10, adaptive=True,
