@@ -2,7 +2,7 @@
 with and without client-side micro-batching (:mod:`reward_server.client.coalesce`), against the fake
 engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run.
 
-    python bench/microbatch.py                    # N=256 callers, 32 calls each, per row
+    python bench/microbatch.py                    # N=256 callers x 32 calls, repeated for >= 3 s
     python bench/microbatch.py --callers 256 --calls 16 --window-ms 2
     python bench/microbatch.py --no-ray           # in-process only
 
@@ -41,8 +41,10 @@ from reward_server.config import load_config
 FAKE = "engines={judge: {kind: fake}, nli: {kind: fake}}"
 
 
-async def pattern(client: AsyncRewardClient, items: list[d.ScoreItem], callers: int) -> dict[str, Any]:
-    """``callers`` concurrent callers, each scoring its share of ``items`` one item per call."""
+async def pattern(client: AsyncRewardClient, items: list[d.ScoreItem], callers: int,
+                  min_s: float = 0.0) -> dict[str, Any]:
+    """``callers`` concurrent callers, each scoring its share of ``items`` one item per call;
+    again (a round) until ``min_s`` seconds have passed."""
     lat: list[float] = []
     bad = 0
 
@@ -61,10 +63,14 @@ async def pattern(client: AsyncRewardClient, items: list[d.ScoreItem], callers: 
     lat.clear()
     bad = 0
     cpu, start = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(caller(items[k::callers]) for k in range(callers)))
+    rounds = 0
+    while not rounds or time.perf_counter() - start < min_s:
+        await asyncio.gather(*(caller(items[k::callers]) for k in range(callers)))
+        rounds += 1
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {"items_s": len(items) / wall, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
-            "cpu_ms_item": 1000 * cpu / len(items), "bad": bad, "wall": wall}
+    n = rounds * len(items)
+    return {"items_s": n / wall, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
+            "cpu_ms_item": 1000 * cpu / n, "bad": bad, "wall": wall, "items": n, "rounds": rounds}
 
 
 async def callers(args: argparse.Namespace) -> None:
@@ -73,7 +79,7 @@ async def callers(args: argparse.Namespace) -> None:
     coalesce = CoalesceSettings(window_s=args.window_ms / 1000, max_items=args.max_items)
     async with AsyncRewardClient(args.client, timeout_s=600,
                                  coalesce=coalesce if args.mode == "on" else None) as client:
-        row = await pattern(client, items, args.callers)
+        row = await pattern(client, items, args.callers, args.min_s)
         row["score_calls"] = client._coalescer.calls_sent if client._coalescer else None
     print(json.dumps(row), flush=True)
 
@@ -104,6 +110,7 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                 sys.executable, __file__, "--client", app.target, "--mode", mode,
                 "--callers", str(args.callers), "--calls", str(args.calls),
                 "--window-ms", str(args.window_ms), "--max-items", str(args.max_items),
+                "--min-s", str(args.min_s),
                 stdout=asyncio.subprocess.PIPE)
             cpu = time.process_time()
             out, _ = await child.communicate()
@@ -113,13 +120,14 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
             row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
             refused_now = _refused()
             row["refused"], refused = refused_now - refused, refused_now
-            n = args.callers * args.calls
+            n = row["items"]
             row["server_ms_item"] = 1000 * cpu / (n + min(args.callers, n))  # + warm-up items
             sent = row["score_calls"]
             print(f"{hosting:<16} micro-batching {mode:<3}  {row['items_s']:>8.0f} items/s   "
                   f"p50 {row['p50']:>7.1f} ms   p99 {row['p99']:>7.1f} ms   server CPU "
                   f"{row['server_ms_item']:.3f} ms/item   callers' CPU {row['cpu_ms_item']:.3f} ms/item"
-                  f"   wall {row['wall']:5.1f} s   failed/mismatched {row['bad']}"
+                  f"   wall {row['wall']:5.1f} s ({row['rounds']} x {n // row['rounds']} items)"
+                  f"   failed/mismatched {row['bad']}"
                   + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else "")
                   + f"   refused (RESOURCE_EXHAUSTED, retried) {row['refused']:.0f}", flush=True)
     finally:
@@ -140,6 +148,10 @@ async def main() -> None:
     ap.add_argument("--callers", type=int, default=256, help="concurrent 1-item callers (N)")
     ap.add_argument("--calls", type=int, default=32, help="calls per caller, in a row (8: the "
                     "merged rows last under a second, and their ratio varied 3.8-5.3x run to run)")
+    ap.add_argument("--min-s", type=float, default=3.0, help="each row repeats its callers' "
+                    "calls until this many seconds have passed (the merged rows take about a "
+                    "second per 8,192 items: single rounds gave Ray / in-process 0.44-0.79x "
+                    "in one afternoon)")
     ap.add_argument("--window-ms", type=float, default=1000 * CoalesceSettings.window_s)
     ap.add_argument("--max-items", type=int, default=CoalesceSettings.max_items)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve hosting")
@@ -160,7 +172,8 @@ async def main() -> None:
         return
     n = args.callers * args.calls
     print(f"{args.callers} concurrent 1-item callers x {args.calls} calls = {n} items per "
-          f"row; window {args.window_ms:g} ms, max {args.max_items} items per merged call; "
+          f"round, rounds until {args.min_s:g} s per row; window {args.window_ms:g} ms, "
+          f"max {args.max_items} items per merged call; "
           f"{os.cpu_count()} CPUs", flush=True)
     local = None if args.no_local else await scenario("gRPC->in-process", [], args)
     ray = actor = None
