@@ -24,9 +24,10 @@ so calls then wait in the transport, before the handler where latency is measure
 (:class:`~reward_server.service._limiter.LoopLoad`), for calls that take at least
 :data:`SHED_MIN_ALONE_S` alone. Saturated and refusing calls for lack of room (overloaded:
 a loop merely busy with the callers' own work, as in a test, refuses nothing at the floor), the
-judgment limit goes to Little's law, under its floor down to one usual call; with the loop
-back under :data:`SATURATED` it returns to the floor at once. Saturated without refusals it is
-held where it is.
+judgment limit goes to Little's law, under its floor down to one usual call, and stays under
+it while calls are still refused and the loop stays over :data:`SHED_RELEASE` (shedding itself
+lowers the loop's load); with the loop under that, or nothing refused, it returns to the floor at
+once. Saturated without refusals it is held where it is.
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -77,6 +78,11 @@ _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alon
 # 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
 RETRIES_PER_COMPLETED = 0.5
 SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
+# ... and once under its floor (shedding), the share it stays there above while calls are still
+# refused: shedding lowers the loop's load, and with one threshold the limit went back to the
+# floor in the next window and under it in the one after (bench/faults.py at 8x, a log of each
+# resize: loop CPU 0.77-0.98, the limit 512, 174, 160, 512, 193, 186, 512)
+SHED_RELEASE = 0.6
 SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
 # about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
 # 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of ~5 ms alone):
@@ -455,8 +461,12 @@ class Admission:
         # busy with the callers' own work, as in a test, refuses nothing at the floor). Only
         # then may the judgment limit go under its floor, to Little's law down to one usual
         # call: with the ingress the bottleneck a fuller engine batch buys nothing, and every
-        # call admitted beyond that only waits. Not saturated, it is back at the floor at once.
-        shed = saturated and sum(w.short.values()) > 0
+        # call admitted beyond that only waits. Back at the floor at once when the loop is
+        # under SHED_RELEASE or nothing was refused (between it and SATURATED: held under it).
+        shedding_now = self.max_judgments < self.min_judgments
+        held = (shedding_now and self.loop_busy is not None and self.loop_busy >= SHED_RELEASE
+                and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
+        shed = (saturated or held) and sum(w.short.values()) > 0
         limits = []
         for limit, rate, short, step, lo, hi, grow, shedding in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,

@@ -181,6 +181,40 @@ def test_the_target_follows_the_latency_alone_of_calls_of_the_usual_size() -> No
     assert a.target() == pytest.approx(0.02)
 
 
+class LoopCPU:
+    """The event loop's CPU clock: ``share`` of the wall time passing on ``clock``."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock, self._base, self._since, self.share = clock, 0.0, clock.now, 0.0
+
+    def set(self, share: float) -> None:
+        self._base, self._since, self.share = self(), self._clock.now, share
+
+    def __call__(self) -> float:
+        return self._base + (self._clock.now - self._since) * self.share
+
+
+def test_shedding_holds_while_calls_are_refused_and_the_loop_stays_busy() -> None:
+    """Saturated and refusing: under the floor. Shedding lowers the loop's load; between
+    SHED_RELEASE and SATURATED, still refusing, the limit stays under the floor (it used to go
+    back to it at once and flap); under SHED_RELEASE it is back at the floor."""
+    clock = Clock()
+    cpu = LoopCPU(clock)
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=400, min_calls=2, clock=clock, cpu_clock=cpu, seed=0)
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.01)  # 10 ms alone
+    ingress_bound = lambda n: 0.01 * n  # noqa: E731 - calls share one busy loop
+    cpu.set(0.95)
+    _load(a, clock, offered=20, seconds=2.0, took_s=ingress_bound)
+    assert a.max_judgments < 400
+    cpu.set(0.75)
+    _load(a, clock, offered=20, seconds=2.0, took_s=ingress_bound)
+    assert a.max_judgments < 400
+    cpu.set(0.3)
+    _load(a, clock, offered=20, seconds=2.0, took_s=ingress_bound)
+    assert a.max_judgments == 400
+
+
 def test_a_latency_target_and_the_caps_bound_the_limit() -> None:
     clock = Clock()
     a = Admission(max_judgments=1000, max_bytes=None, max_calls=10, adaptive=True,
