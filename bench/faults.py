@@ -755,6 +755,46 @@ async def one_channel(s: Server) -> None:
         p.outcome = f"{dict(p.codes)}; lost {sum(v for k, v in p.codes.items() if k != 'OK')}"
 
 
+async def pending_burst(s: Server) -> None:
+    """Issue 26 item 8: 4,096 1-item calls sent at once on 32 connections (128 each, the stream
+    limit). They wait in gRPC core until the server takes them, one at a time; past gRPC's own
+    limits on such waiting calls (1,000: some cancelled at random; 3,000: all) clients got
+    CANCELLED, which they do not retry, until server.max_pending_calls (4,096) set them."""
+    one = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
+        response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
+    frame = b"\0" + len(one).to_bytes(4, "big") + one
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", SCORE), (":authority", "x"),
+               ("content-type", "application/grpc"), ("te", "trailers"),
+               ("authorization", f"Bearer {TOKEN}")]
+    async with phase(s, "I. 4,096 1-item calls sent at once on 32 connections") as p:
+        conns = [RawConn(s.port) for _ in range(32)]
+        for c in conns:
+            c.pump(0.05)  # the server's SETTINGS
+        t0 = time.monotonic()
+        calls = []
+        for c in conns:
+            for _ in range(128):
+                sid = c.h2.get_next_available_stream_id()
+                c.h2.send_headers(sid, headers)
+                c.h2.send_data(sid, frame, end_stream=True)
+                calls.append((c, sid))
+            c.sock.sendall(c.h2.data_to_send())
+        seen = await statuses(conns, calls, t0, 60.0)
+        names = {0: "OK", 1: "CANCELLED", 8: "RESOURCE_EXHAUSTED", None: "no answer"}
+        for c, sid in calls:
+            code = c.statuses.get(sid)
+            p.codes[names.get(code, str(code))] += 1
+            if code == 0:
+                p.served.append(seen[(c, sid)])
+            elif code == 8:
+                p.refused.append(seen[(c, sid)])
+        lost = sum(n for k, n in p.codes.items() if k not in ("OK", "RESOURCE_EXHAUSTED"))
+        p.outcome = (f"{dict(p.codes)}; lost {lost}; the last answered after "
+                     f"{max(seen.values(), default=float('nan')):.2f} s")
+        for c in conns:
+            c.close()
+
+
 async def many_small_calls(s: Server, caller: Caller, args: argparse.Namespace) -> None:
     """Issue 26 item 7: 1,024 concurrent 1-item calls (closed loops honouring pushback)."""
     one = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
@@ -1043,6 +1083,7 @@ async def run(args: argparse.Namespace) -> None:
             await streams_not_read(s, args)
         elif args.only == "small":
             await many_small_calls(s, caller, args)
+            await pending_burst(s)
         else:
             await big_requests(s, caller)
         await caller.close()
@@ -1068,6 +1109,7 @@ async def run(args: argparse.Namespace) -> None:
     await idle_connections(s, args)
     await one_channel(s)
     await many_small_calls(s, caller, args)
+    await pending_burst(s)
     await info_beside_score(s, caller, args, std)
     await http_attacks(s, args)
     await half_open_authenticated(s, args, std)

@@ -116,6 +116,13 @@ class ServerSettings(_Frozen):
         128, ge=1, description="Calls one HTTP/2 connection may have open at once; a client "
         "queues the rest (grpc.max_concurrent_streams)."
     )
+    max_pending_calls: int = Field(
+        4096, ge=1, description="Calls gRPC core holds before the server takes them: the "
+        "server takes one call at a time, so a burst waits there first. Past it gRPC core "
+        "ends new calls CANCELLED, which clients do not retry (its own default: at random past "
+        "1,000, all past 3,000). Each waiting call holds about 15-30 KB "
+        "(grpc.server.max_pending_requests and _hard_limit, both set to this)."
+    )
     max_connections: int | None = Field(
         8192, ge=1, description="Connections accepted at once; more are closed at once "
         "(grpc.max_allowed_incoming_connections). Connections that make no call are closed "

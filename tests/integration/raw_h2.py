@@ -56,6 +56,21 @@ class RawH2:
         await self._flush()
         return sid
 
+    async def start_calls(self, path: str, n: int, *, body: bytes,
+                          metadata: tuple[tuple[str, str], ...] = ()) -> list[int]:
+        """Open ``n`` complete calls at once (all their frames in one write)."""
+        sids = []
+        for _ in range(n):
+            sid = self._conn.get_next_available_stream_id()
+            self._conn.send_headers(sid, [
+                (":method", "POST"), (":scheme", "http"), (":path", path),
+                (":authority", "localhost"), ("content-type", "application/grpc"),
+                ("te", "trailers"), *metadata])
+            self._conn.send_data(sid, body, end_stream=True)
+            sids.append(sid)
+        await self._flush()
+        return sids
+
     async def grpc_status(self, sid: int, timeout_s: float) -> tuple[int, str] | None:
         """(grpc-status, grpc-message) of stream ``sid``, or None if none came in time."""
         loop = asyncio.get_running_loop()

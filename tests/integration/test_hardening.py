@@ -23,7 +23,7 @@ from .raw_h2 import RawH2, grpc_frame
 
 SCORE = "/reward.v1.RewardService/Score"
 GOOD = d.ScoreItem("ok", d.NliConstraintsSpec("Paris is big.", "Paris", "big"))
-UNAUTHENTICATED, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED = 16, 8, 4
+UNAUTHENTICATED, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, CANCELLED, OK = 16, 8, 4, 1, 0
 
 
 def rubric_items(n: int, rules: int, prefix: str = "i") -> list[d.ScoreItem]:
@@ -237,6 +237,35 @@ async def test_a_peer_that_does_not_read_holds_at_most_its_budget() -> None:
                 break
             await asyncio.sleep(0.05)
         assert unsent.total == 0 and not unsent.by_peer
+
+
+async def test_a_burst_past_grpcs_own_pending_limit_is_answered_not_cancelled() -> None:
+    """2,048 calls sent at once on 16 connections wait in gRPC core until the server takes them,
+    one at a time. gRPC's own limit cancelled them at random past 1,000 waiting (grpc/grpc#34782):
+    clients got CANCELLED, which they do not retry. With server.max_pending_calls (4,096 by
+    default) each is answered (served, or refused by admission with a retry hint); set to 16,
+    gRPC cancels those past it (the setting reaches gRPC core)."""
+    body = grpc_frame(encoded([GOOD]).SerializeToString())
+    for overrides, cancelled in (([], False), (["server.max_pending_calls=16"], True)):
+        async with running_server(overrides) as r:
+            conns = [await RawH2.open(r.port) for _ in range(16)]
+            try:
+                sent = [(c, await c.start_calls(SCORE, 128, body=body)) for c in conns]
+                codes: collections.Counter[int | None] = collections.Counter()
+                for c, sids in sent:
+                    for sid in sids:
+                        status = await c.grpc_status(sid, timeout_s=30.0)
+                        codes[status[0] if status else None] += 1
+                async with r.client(max_retries=0) as client:
+                    assert await client.health(timeout_s=5.0) == "SERVING"
+            finally:
+                for c in conns:
+                    await c.close()
+        assert sum(codes.values()) == 2048 and None not in codes, codes
+        if cancelled:
+            assert codes[CANCELLED] > 1000, codes
+        else:
+            assert set(codes) <= {OK, RESOURCE_EXHAUSTED} and codes[OK] > 1000, codes
 
 
 async def test_connections_that_never_call_are_closed_and_free_their_slots() -> None:
