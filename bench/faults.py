@@ -476,6 +476,15 @@ async def closed_loop(caller: Caller, raw: bytes, loops: int, seconds: float, p:
     await asyncio.gather(*(one() for _ in range(loops)))
 
 
+def grpc_frame(message: bytes) -> bytes:
+    """A gRPC length-prefixed message (uncompressed)."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+ONE_ITEM = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
+    response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
+
+
 class RawConn:
     """One HTTP/2 connection made by hand (h2), for calls no gRPC client makes."""
 
@@ -489,15 +498,30 @@ class RawConn:
         self.sock.sendall(self.h2.data_to_send())
         self.statuses: dict[int, int] = {}
 
-    def headers(self, *, token: bool) -> int:
-        sid = self.h2.get_next_available_stream_id()
+    @staticmethod
+    def _score_headers(token: bool) -> list[tuple[str, str]]:
         hdrs = [(":method", "POST"), (":scheme", "http"), (":path", SCORE), (":authority", "x"),
                 ("content-type", "application/grpc"), ("te", "trailers")]
         if token:
             hdrs.append(("authorization", f"Bearer {TOKEN}"))
-        self.h2.send_headers(sid, hdrs)
+        return hdrs
+
+    def headers(self, *, token: bool) -> int:
+        sid = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(sid, self._score_headers(token))
         self.sock.sendall(self.h2.data_to_send())
         return sid
+
+    def complete_calls(self, n: int, frame: bytes) -> list[int]:
+        """``n`` authenticated Score calls of one message each, all their frames in one write."""
+        sids = []
+        for _ in range(n):
+            sid = self.h2.get_next_available_stream_id()
+            self.h2.send_headers(sid, self._score_headers(True))
+            self.h2.send_data(sid, frame, end_stream=True)
+            sids.append(sid)
+        self.sock.sendall(self.h2.data_to_send())
+        return sids
 
     def send_body(self, sid: int, body: bytes, *, end: bool) -> None:
         """Send ``body`` as flow control allows, reading the server's frames meanwhile."""
@@ -653,7 +677,7 @@ async def non_reading(s: Server, args: argparse.Namespace) -> None:
     for label, body in cases:
         async with phase(s, f"2. 30 non-reading clients, zero HTTP/2 window: {label}", settle_s=3.0) as p:
             conns = []
-            frame = b"\x00" + len(body).to_bytes(4, "big") + body
+            frame = grpc_frame(body)
             for _ in range(30):  # each opened just before its call (an idle one is closed)
                 c = RawConn(s.port, window=0)
                 conns.append(c)
@@ -688,7 +712,7 @@ async def empty_items(s: Server, caller: Caller) -> None:
 async def streams_not_read(s: Server, args: argparse.Namespace) -> None:
     n, streams = 16, args.nonreading_streams
     body = rubric_request(1024, 2)
-    frame = b"\x00" + len(body).to_bytes(4, "big") + body
+    frame = grpc_frame(body)
     async with phase(s, f"B. {n} zero-window connections x {streams} Score streams of 1,024 "
                         f"items, responses never read", settle_s=5.0) as p:
         conns = [RawConn(s.port, window=0) for _ in range(n)]
@@ -760,30 +784,18 @@ async def pending_burst(s: Server) -> None:
     limit). They wait in gRPC core until the server takes them, one at a time; past gRPC's own
     limits on such waiting calls (1,000: some cancelled at random; 3,000: all) clients got
     CANCELLED, which they do not retry, until server.max_pending_calls (4,096) set them."""
-    one = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
-        response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
-    frame = b"\0" + len(one).to_bytes(4, "big") + one
-    headers = [(":method", "POST"), (":scheme", "http"), (":path", SCORE), (":authority", "x"),
-               ("content-type", "application/grpc"), ("te", "trailers"),
-               ("authorization", f"Bearer {TOKEN}")]
+    frame = grpc_frame(ONE_ITEM)
     async with phase(s, "I. 4,096 1-item calls sent at once on 32 connections") as p:
         conns = [RawConn(s.port) for _ in range(32)]
         for c in conns:
             c.pump(0.05)  # the server's SETTINGS
         t0 = time.monotonic()
-        calls = []
-        for c in conns:
-            for _ in range(128):
-                sid = c.h2.get_next_available_stream_id()
-                c.h2.send_headers(sid, headers)
-                c.h2.send_data(sid, frame, end_stream=True)
-                calls.append((c, sid))
-            c.sock.sendall(c.h2.data_to_send())
+        calls = [(c, sid) for c in conns for sid in c.complete_calls(128, frame)]
         seen = await statuses(conns, calls, t0, 60.0)
-        names = {0: "OK", 1: "CANCELLED", 8: "RESOURCE_EXHAUSTED", None: "no answer"}
+        names = {code.value[0]: code.name for code in grpc.StatusCode}
         for c, sid in calls:
             code = c.statuses.get(sid)
-            p.codes[names.get(code, str(code))] += 1
+            p.codes[names.get(code, "no answer" if code is None else str(code))] += 1
             if code == 0:
                 p.served.append(seen[(c, sid)])
             elif code == 8:
@@ -797,10 +809,8 @@ async def pending_burst(s: Server) -> None:
 
 async def many_small_calls(s: Server, caller: Caller, args: argparse.Namespace) -> None:
     """Issue 26 item 7: 1,024 concurrent 1-item calls (closed loops honouring pushback)."""
-    one = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
-        response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
     async with phase(s, "G. 1,024 concurrent 1-item calls (closed loops, pushback honoured)") as p:
-        await closed_loop(caller, one, 1024, args.seconds, p)
+        await closed_loop(caller, ONE_ITEM, 1024, args.seconds, p)
         p.outcome = f"{dict(p.codes)}"
 
 

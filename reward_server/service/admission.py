@@ -453,8 +453,9 @@ class Admission:
         assert self.max_calls is not None
         # under the target, and the event loop has room to accept more calls (saturated, calls
         # wait in the transport, unseen by the latency measured here)
-        saturated = (self.loop_busy is not None and self.loop_busy >= SATURATED
-                     and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
+        # the loop's load, counted only for calls long enough alone to be worth shedding
+        loop = self.loop_busy if (self.alone_s or 0.0) >= SHED_MIN_ALONE_S else None
+        saturated = loop is not None and loop >= SATURATED
         fast = w.took_s / w.calls * P99_OVER_MEAN <= target
         usual = max(1, self._usual())
         # overloaded, not just busy: saturated AND calls refused for lack of room (a loop
@@ -463,10 +464,8 @@ class Admission:
         # call: with the ingress the bottleneck a fuller engine batch buys nothing, and every
         # call admitted beyond that only waits. Back at the floor at once when the loop is
         # under SHED_RELEASE or nothing was refused (between it and SATURATED: held under it).
-        shedding_now = self.max_judgments < self.min_judgments
-        held = (shedding_now and self.loop_busy is not None and self.loop_busy >= SHED_RELEASE
-                and (self.alone_s or 0.0) >= SHED_MIN_ALONE_S)
-        shed = (saturated or held) and sum(w.short.values()) > 0
+        threshold = SHED_RELEASE if self.max_judgments < self.min_judgments else SATURATED
+        shed = loop is not None and loop >= threshold and sum(w.short.values()) > 0
         limits = []
         for limit, rate, short, step, lo, hi, grow, shedding in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,

@@ -17,6 +17,11 @@ def grpc_frame(message: bytes) -> bytes:
     return struct.pack(">BI", 0, len(message)) + message
 
 
+def _headers(path: str, metadata: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
+            ("content-type", "application/grpc"), ("te", "trailers"), *metadata]
+
+
 class RawH2:
     """One HTTP/2 connection to a local server."""
 
@@ -47,10 +52,7 @@ class RawH2:
                          body: bytes | None = None, end: bool = False) -> int:
         """Open a call: its headers, then (optionally) ``body`` bytes, ended or not."""
         sid = self._conn.get_next_available_stream_id()
-        headers = [(":method", "POST"), (":scheme", "http"), (":path", path),
-                   (":authority", "localhost"), ("content-type", "application/grpc"),
-                   ("te", "trailers"), *metadata]
-        self._conn.send_headers(sid, headers, end_stream=end and body is None)
+        self._conn.send_headers(sid, _headers(path, metadata), end_stream=end and body is None)
         if body is not None:
             self._conn.send_data(sid, body, end_stream=end)
         await self._flush()
@@ -62,10 +64,7 @@ class RawH2:
         sids = []
         for _ in range(n):
             sid = self._conn.get_next_available_stream_id()
-            self._conn.send_headers(sid, [
-                (":method", "POST"), (":scheme", "http"), (":path", path),
-                (":authority", "localhost"), ("content-type", "application/grpc"),
-                ("te", "trailers"), *metadata])
+            self._conn.send_headers(sid, _headers(path, metadata))
             self._conn.send_data(sid, body, end_stream=True)
             sids.append(sid)
         await self._flush()
