@@ -1034,7 +1034,7 @@ async def engine_bug_and_health(args: argparse.Namespace) -> None:
 
 
 async def drain(args: argparse.Namespace) -> tuple[int, int]:
-    s = Server(["server.grace_period_s=30", "server.drain_delay_s=2"], args.engine_latency)
+    s = Server(["server.grace_period_s=30", "server.drain_delay_s=2", *args.set], args.engine_latency)
     caller = Caller(s.target, token=None)
     body = rubric_request(128, 1)
     p = Phase("5. SIGTERM under load: 32 concurrent x 128 items, grace 30 s, drain_delay 2 s")
@@ -1196,8 +1196,9 @@ def main() -> None:
     ap.add_argument("--fuzz", type=int, default=400, help="random requests")
     ap.add_argument("--timeout", type=float, default=600, help="give up after this long")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a server setting for every server started (as reward-server serve "
-                    "--set; repeatable), e.g. to try a setting against the defaults")
+                    help="a server setting for every `reward-server serve` it starts (as its --set; "
+                    "repeatable; not the in-process engine-failure check), e.g. to try a "
+                    "setting against the defaults")
     ap.add_argument("--only", choices=["overload", "streams", "big", "small"],
                     help="run only the baselines and one class: the overload (4), attack B "
                     "(streams), the large requests (3a-3d) or the 1,024 1-item callers (G, small)")
