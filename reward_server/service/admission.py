@@ -18,7 +18,10 @@ size: :class:`~reward_server.service._limiter.AloneLatency`), divided by
 same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
 and the configured caps. When the engines are
 faster than the work admitted, latency stays under the target and the limit grows with the
-throughput it measures; when they slow down, it shrinks. It does not grow while the event loop
+throughput it measures; when they slow down, it shrinks. A limit that held nothing back in a
+window comes down to :data:`UNUSED` times the most held in it (room nobody asked for; the
+judgment limit only: the call limit's floor is a few calls), and the
+rates restart when the calls' mean size changes :data:`RATE_SIZE_CHANGE`-fold. It does not grow while the event loop
 is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
 so calls then wait in the transport, before the handler where latency is measured
 (:class:`~reward_server.service._limiter.LoopLoad`), for calls that take at least
@@ -83,6 +86,15 @@ SATURATED = 0.85  # the event loop's CPU share past which the judgment limit doe
 # floor in the next window and under it in the one after (bench/faults.py at 8x, a log of each
 # resize: loop CPU 0.77-0.98, the limit 512, 174, 160, 512, 193, 186, 512)
 SHED_RELEASE = 0.6
+# a window in which no call was held back for a limit brings that limit down to this many times
+# the most held at once in it (never under its floor): bench/faults.py's overload after the large
+# requests (3a) began with the limit at its cap, 32,768, and admitted the whole burst
+UNUSED = 2
+# a window whose calls average this many times more (or fewer) judgments than those the rates
+# were measured on restarts them: after attack 3a's large calls the inflated judgments per second
+# kept Little's law over the small calls' limit for seconds (bench/faults.py --only big, then an
+# overload: the shed limit 512, 395, 361, 346, 321, 297, 272 a window apart)
+RATE_SIZE_CHANGE = 4.0
 SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
 # about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
 # 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of ~5 ms alone):
@@ -183,6 +195,7 @@ class Admission:
         self._alone = AloneLatency(_EWMA)  # calls' latency alone, by size
         self.judgments_per_s: float | None = None  # throughput per busy second (EWMA)
         self.calls_per_s: float | None = None
+        self._rate_size = 0.0  # the mean call size (judgments) of the window the rates restarted in
         self._clock = clock
         self._admitted = 0  # calls admitted so far
         self._window = Window(clock())
@@ -356,6 +369,7 @@ class Admission:
         ticket.judgments += judgments
         ticket.nbytes += nbytes
         ticket.calls += calls
+        self._window.held(self.judgments)
         metrics.set_admitted(self.judgments, self.bytes)
         if self.calls == calls > 0:
             self._window.busy_since = self._clock()
@@ -440,11 +454,18 @@ class Admission:
         w = self._window
         busy = w.busy_s + (now - w.busy_since if self.calls else 0.0)
         if busy >= _MIN_BUSY * (now - w.start) and w.calls:
+            size = w.judgments / w.calls
+            # calls of another size: the old rate is not theirs (a call of 65,536 judgments
+            # runs at several times the judgments per second of one of 128), so not blended in
+            fresh = not self._rate_size or not 1 / RATE_SIZE_CHANGE < size / self._rate_size < RATE_SIZE_CHANGE
+            if fresh:
+                self._rate_size = max(size, 1.0)
             for name, rate in (("judgments_per_s", w.judgments / busy),
                                ("calls_per_s", w.calls / busy)):
                 old = getattr(self, name)
-                setattr(self, name, rate if old is None else old + _RATE_EWMA * (rate - old))
+                setattr(self, name, rate if old is None or fresh else old + _RATE_EWMA * (rate - old))
         self._window = Window(now, busy_since=now)
+        self._window.held(self.judgments)
         self.loop_busy = self._loop_load.sample(now)
         target = self.target()
         if not self.adaptive or target is None or not w.calls or self.judgments_per_s is None:
@@ -467,22 +488,30 @@ class Admission:
         threshold = SHED_RELEASE if self.max_judgments < self.min_judgments else SATURATED
         shed = loop is not None and loop >= threshold and sum(w.short.values()) > 0
         limits = []
-        for limit, rate, short, step, lo, hi, grow, shedding in (
+        for limit, rate, short, step, lo, hi, grow, shedding, peak in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
              min(usual, self.min_judgments) if shed else self.min_judgments,
-             self.cap_judgments, not saturated, shed),
+             self.cap_judgments, not saturated, shed, w.peak["judgments"]),
+            # the call limit keeps what it grew to: its floor is a few calls, and a trainer's
+            # per-sample callers come in bursts (a step's rollouts) that would meet it each time
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
-             self.cap_calls, True, False),
+             self.cap_calls, True, False, None),
         ):
             little = rate * target / P99_OVER_MEAN
             if shedding:  # the judgment limit only
-                limits.append(between(min(little, limit), lo, hi))
+                new = between(min(little, limit), lo, hi)
             elif fast and short and grow:  # more was asked than the limit let in, latency allows
-                limits.append(between(max(little, limit + max(step, limit / 4)), lo, hi))
+                new = between(max(little, limit + max(step, limit / 4)), lo, hi)
             elif fast:  # saturated but nothing refused: held where it is (shrinking it on a
-                limits.append(max(limit, lo))  # loop busy with the callers' own work refused
+                new = max(limit, lo)  # loop busy with the callers' own work refused
             else:  # a second concurrent call)
-                limits.append(between(min(little, limit), lo, hi))
+                new = between(min(little, limit), lo, hi)
+            if peak is not None and not short and new > UNUSED * peak:
+                # room nobody asked for: down to what was used, so that a limit grown on other
+                # work (a few calls of 65,536 judgments, run alone, set the target to seconds and
+                # the limit to its cap) does not admit the next burst of small calls unbounded
+                new = between(UNUSED * peak, lo, hi)
+            limits.append(new)
         self.max_judgments, self.max_calls = limits
         metrics.set_admission_limits(self.max_judgments, self.max_calls)
 

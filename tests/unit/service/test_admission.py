@@ -436,3 +436,42 @@ def test_a_line_longer_than_the_longest_hint_is_spread_not_bunched() -> None:
     assert max(hints) <= 5.0 and hints[:49] == sorted(hints[:49])
     past = hints[50:]  # past 5 s: spread over 2.5-5 s, not all told 5 s
     assert min(past) >= 2.5 and len({round(h, 1) for h in past}) >= 20
+
+
+def test_a_limit_grown_on_large_calls_comes_down_once_nobody_uses_it() -> None:
+    """Calls of 65,536 judgments run alone (each larger than any limit) while small calls beside
+    them are refused: latency alone of the usual (large) call is long, so the limit grows, to its
+    cap. Once only small calls come and none is held back, the limit comes down to what they use
+    (never under its floor) instead of admitting the next burst of small calls unbounded."""
+    clock = Clock()
+    a = Admission(max_judgments=32_768, max_bytes=None, max_calls=4096, adaptive=True,
+                  min_judgments=512, min_calls=16, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.005, judgments=128)
+    end = clock.now + 5.0
+    while clock.now < end:  # one large call at a time, two small ones refused beside each
+        big = a.enter()
+        big.add_bytes(100)
+        big.admit(65_536)
+        for _ in range(2):
+            with pytest.raises(Overloaded):
+                a.enter()
+        clock.now += 0.3
+        big.release()
+    assert a.max_judgments == 32_768  # grown to its cap on them
+    _load(a, clock, offered=1, seconds=1.5, took_s=lambda n: 0.005, judgments=128)
+    assert a.max_judgments == 512  # back at the floor: one small call at a time used 128
+
+
+def test_the_throughput_restarts_when_the_calls_change_size() -> None:
+    """Judgments per second depend on the calls' size (a large call spreads its fixed cost over
+    more judgments): after calls of 65,536 judgments the rate of 128-judgment calls is their own
+    from their first window, not a blend that keeps Little's law high for seconds."""
+    clock = Clock()
+    a = Admission(max_judgments=100_000, max_bytes=None, max_calls=4096, adaptive=True,
+                  min_judgments=512, min_calls=16, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=2.0, took_s=lambda n: 0.5, judgments=65_536)
+    assert a.judgments_per_s == pytest.approx(65_536 / 0.5, rel=0.01)
+    _load(a, clock, offered=1, seconds=0.6, took_s=lambda n: 0.005, judgments=128)
+    assert a.judgments_per_s == pytest.approx(128 / 0.005, rel=0.01)
+    _load(a, clock, offered=1, seconds=0.6, took_s=lambda n: 0.004, judgments=128)
+    assert 128 / 0.005 < a.judgments_per_s < 128 / 0.004  # the same size: blended
