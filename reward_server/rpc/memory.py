@@ -61,6 +61,30 @@ def _heap_free() -> Callable[[], int] | None:
     return lambda: int(info().fordblks)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def fix_mmap_threshold(nbytes: int | None) -> bool:
+    """Serve every allocation of ``nbytes`` or more from its own mapping, returned to the system
+    when freed (glibc's ``M_MMAP_THRESHOLD``). By default glibc starts at 128 KiB and raises the
+    threshold to the size of each mapped block freed, up to 32 MiB: after one large message,
+    buffers of up to its size come from the arenas, where freed memory stays resident until a
+    trim, and a trim cannot return pages still shared with live small blocks. Fixing the
+    threshold (which also stops that adjustment) keeps large buffers out of the arenas. None:
+    leave glibc's behaviour. Returns whether it was set (False where libc has no ``mallopt``)."""
+    if nbytes is None:
+        return False
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    ok = bool(mallopt(M_MMAP_THRESHOLD, nbytes))
+    if not ok:
+        logger.warning("mallopt(M_MMAP_THRESHOLD, %d) failed; large buffers may stay resident "
+                       "after use (server.malloc_mmap_threshold_bytes)", nbytes)
+    return ok
+
+
 def _malloc_trim() -> Callable[[int], int] | None:
     trim = _libc_function("malloc_trim")
     if trim is None:

@@ -34,6 +34,7 @@ from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
 from reward_server.rpc.grpc_metrics import GrpcMetricsInterceptor
 from reward_server.rpc.health import HealthMonitor, Probe
+from reward_server.rpc.memory import fix_mmap_threshold
 from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings, host_port
@@ -229,6 +230,7 @@ def create_server(
     """
     s = settings
     _fit_open_files(s.max_connections)
+    fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
     # first: the calls the token check refuses are counted too
     interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [GrpcMetricsInterceptor()]
     if s.auth_token is not None:

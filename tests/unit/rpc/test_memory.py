@@ -134,3 +134,26 @@ async def test_an_idle_trim_asked_for_during_another_trim_runs_after_it() -> Non
     assert t.trims == 3
     await asyncio.sleep(memory.MIN_INTERVAL_S + 0.3)
     assert t.trims == 3
+
+
+def test_a_fixed_mmap_threshold_keeps_large_buffers_out_of_the_heap() -> None:
+    """glibc raises its mmap threshold to the size of each mapped block freed, so after one
+    4 MiB buffer a 1 MiB one comes from the heap, where it stays resident once freed. Fixed at
+    128 KiB (the server's default), the 1 MiB buffer gets its own mapping again."""
+    mapped = memory._libc_function("mallinfo2")
+    if mapped is None or memory._libc_function("mallopt") is None:
+        pytest.skip("not glibc >= 2.33 (no mallopt / mallinfo2)")
+    mapped.argtypes, mapped.restype = [], memory._MallInfo2
+
+    def mapped_bytes() -> int:
+        return int(mapped().hblkhd)
+
+    big = bytearray(4 << 20)
+    del big  # with glibc's default, the threshold is now (at least) 4 MiB
+    assert not memory.fix_mmap_threshold(None)  # None: glibc's behaviour left alone
+    assert memory.fix_mmap_threshold(128 * 1024)
+    before = mapped_bytes()
+    buf = bytearray(1 << 20)
+    assert mapped_bytes() - before >= 1 << 20
+    del buf
+    assert mapped_bytes() <= before + (64 << 10)  # unmapped when freed: back to the system
