@@ -36,7 +36,9 @@ TRIM_AFTER_BYTES = 32 * 1024 * 1024  # freed since the last trim
 TRIM_IDLE_BYTES = 1024 * 1024  # ... or this many, once no call is in flight
 MIN_INTERVAL_S = 1.0
 DELAY_S = 0.2  # after the call that crossed the threshold, so that its frames are gone
-WATCH_S = 2.0  # how often an idle server looks at its RSS (Trimmer.watch)
+WATCH_S = 0.5  # how often an idle server looks at its RSS (Trimmer.watch). At 2 s what gRPC's
+# refused 52 MB messages left could still be resident 2 s after them (bench/faults.py, one full
+# run each: 3b 93 -> 110 MB at 2 s, 92 -> 94 at 0.5 s); a look costs ~20 us (RSS, mallinfo2)
 
 
 class _MallInfo2(ctypes.Structure):

@@ -255,7 +255,11 @@ class Admission:
     def _full(self, usual: int, judged: bool) -> tuple[str, str] | None:
         """What is full for a call of ``usual`` judgments (None: it fits)."""
         full = self._which_full(usual, judged)
-        if full is not None:
+        beyond = self.cap_judgments is not None and self.judgments + usual > self.cap_judgments
+        if full is not None and not (full[1] == "judgments" and beyond):
+            # a call that would not fit even at the cap (beside one larger than it, admitted
+            # alone) says nothing about the limit: counted, the limit grew to its cap on attack
+            # 3a's 65,536-judgment calls with a victim's refused beside them (bench/faults.py)
             self._window.short[full[1]] += 1
         return full
 

@@ -438,11 +438,11 @@ def test_a_line_longer_than_the_longest_hint_is_spread_not_bunched() -> None:
     assert min(past) >= 2.5 and len({round(h, 1) for h in past}) >= 20
 
 
-def test_a_limit_grown_on_large_calls_comes_down_once_nobody_uses_it() -> None:
-    """Calls of 65,536 judgments run alone (each larger than any limit) while small calls beside
-    them are refused: latency alone of the usual (large) call is long, so the limit grows, to its
-    cap. Once only small calls come and none is held back, the limit comes down to what they use
-    (never under its floor) instead of admitting the next burst of small calls unbounded."""
+def test_calls_refused_beside_a_call_larger_than_the_limit_do_not_grow_it() -> None:
+    """Calls of 65,536 judgments run alone (each larger than any limit) while small calls
+    beside them are refused: that says nothing about the limit (no size of it up to the cap
+    would let them in beside such a call), so it does not grow, although the usual call's long
+    latency alone makes any limit look fast enough."""
     clock = Clock()
     a = Admission(max_judgments=32_768, max_bytes=None, max_calls=4096, adaptive=True,
                   min_judgments=512, min_calls=16, clock=clock, seed=0)
@@ -457,9 +457,25 @@ def test_a_limit_grown_on_large_calls_comes_down_once_nobody_uses_it() -> None:
                 a.enter()
         clock.now += 0.3
         big.release()
-    assert a.max_judgments == 32_768  # grown to its cap on them
-    _load(a, clock, offered=1, seconds=1.5, took_s=lambda n: 0.005, judgments=128)
-    assert a.max_judgments == 512  # back at the floor: one small call at a time used 128
+    assert a.max_judgments == 512
+
+
+def test_a_limit_nobody_uses_comes_down_to_what_is_used() -> None:
+    """Grown under load (40 calls offered, an engine that batches), the judgment limit comes
+    down once one call at a time is all that comes: twice the most held at once, never under
+    its floor; the call limit keeps what it grew to (per-sample callers come in bursts)."""
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=100, min_calls=2, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+    _load(a, clock, offered=40, seconds=10.0, took_s=batching)
+    grown, calls = a.max_judgments, a.max_calls
+    assert grown >= 400
+    _load(a, clock, offered=1, seconds=1.5, took_s=batching, judgments=60)
+    assert a.max_judgments == 120  # 2 x 60
+    _load(a, clock, offered=1, seconds=1.5, took_s=batching, judgments=30)
+    assert a.max_judgments == 100  # the floor
+    assert a.max_calls >= calls
 
 
 def test_the_throughput_restarts_when_the_calls_change_size() -> None:
