@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -138,22 +141,28 @@ async def test_an_idle_trim_asked_for_during_another_trim_runs_after_it() -> Non
 
 def test_a_fixed_mmap_threshold_keeps_large_buffers_out_of_the_heap() -> None:
     """glibc raises its mmap threshold to the size of each mapped block freed, so after one
-    4 MiB buffer a 1 MiB one comes from the heap, where it stays resident once freed. Fixed at
-    128 KiB (the server's default), the 1 MiB buffer gets its own mapping again."""
-    mapped = memory._libc_function("mallinfo2")
-    if mapped is None or memory._libc_function("mallopt") is None:
+    16 MiB buffer an 8 MiB one comes from the heap, where it stays resident once freed. Fixed
+    at 128 KiB (the server's default), the 8 MiB buffer gets its own mapping again, and gives it
+    back when freed. Run in a fresh interpreter: a long-lived process's heap may hold a free
+    chunk that large already, which malloc reuses whatever the threshold."""
+    if memory._libc_function("mallinfo2") is None or memory._libc_function("mallopt") is None:
         pytest.skip("not glibc >= 2.33 (no mallopt / mallinfo2)")
-    mapped.argtypes, mapped.restype = [], memory._MallInfo2
-
-    def mapped_bytes() -> int:
-        return int(mapped().hblkhd)
-
-    big = bytearray(4 << 20)
-    del big  # with glibc's default, the threshold is now (at least) 4 MiB
-    assert not memory.fix_mmap_threshold(None)  # None: glibc's behaviour left alone
-    assert memory.fix_mmap_threshold(128 * 1024)
-    before = mapped_bytes()
-    buf = bytearray(1 << 20)
-    assert mapped_bytes() - before >= 1 << 20
-    del buf
-    assert mapped_bytes() <= before + (64 << 10)  # unmapped when freed: back to the system
+    script = textwrap.dedent("""
+        from reward_server.rpc import memory
+        info = memory._libc_function("mallinfo2")
+        info.argtypes, info.restype = [], memory._MallInfo2
+        big = bytearray(16 << 20)
+        del big  # with glibc's default, the threshold is now 16 MiB
+        assert not memory.fix_mmap_threshold(None)  # None: glibc's behaviour left alone
+        assert memory.fix_mmap_threshold(128 * 1024)
+        before = info().hblkhd
+        buf = bytearray(8 << 20)
+        grown = info().hblkhd - before
+        del buf
+        print(grown, info().hblkhd - before)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    grown, after = int(out[0]), int(out[1])
+    assert grown >= 8 << 20  # its own mapping
+    assert after <= 64 << 10  # unmapped when freed: back to the system
