@@ -67,8 +67,9 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
 def fix_mmap_threshold(nbytes: int | None) -> bool:
-    """Serve every allocation of ``nbytes`` or more from its own mapping, returned to the system
-    when freed (glibc's ``M_MMAP_THRESHOLD``). By default glibc starts at 128 KiB and raises the
+    """Serve allocations of ``nbytes`` or more from their own mapping, returned to the system
+    when freed (glibc's ``M_MMAP_THRESHOLD``; a free block of the heap large enough is still
+    reused first). By default glibc starts at 128 KiB and raises the
     threshold to the size of each mapped block freed, up to 32 MiB: after one large message,
     buffers of up to its size come from the arenas, where freed memory stays resident until a
     trim, and a trim cannot return pages still shared with live small blocks. Fixing the

@@ -153,9 +153,10 @@ class ServerSettings(_Frozen):
     )
     malloc_mmap_threshold_bytes: int | None = Field(
         128 * 1024, ge=4096, le=32 * 1024 * 1024, description="glibc only: allocations this "
-        "large or larger get their own memory mapping, returned to the system when freed "
-        "(mallopt M_MMAP_THRESHOLD; process-wide). glibc's own default starts at the same 128 "
-        "KiB but rises after each large block freed, up to 32 MiB, and then large messages' "
+        "large or larger that no free block of the heap can hold get their own memory "
+        "mapping, returned to the system when freed (mallopt M_MMAP_THRESHOLD; process-wide). "
+        "glibc's own default starts at the same 128 KiB but rises after each large block "
+        "freed, up to 32 MiB, and then large messages' "
         "buffers stay resident after their calls (bench/faults.py --only memory, three runs: "
         "RSS after the 52 MB messages gRPC refuses +1 to +50 % with glibc's default, -1 to +2 % "
         "with 128 KiB). None: glibc's adjusting default."
