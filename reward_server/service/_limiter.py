@@ -41,12 +41,11 @@ class Window:
         self.calls = 0
         self.took_s = 0.0
         self.short = {"judgments": 0, "calls": 0}  # calls refused or kept waiting, per limit
-        self.peak = {"judgments": 0}  # the most held at once
+        self.peak_judgments = 0  # the most held at once
 
     def held(self, judgments: int) -> None:
         """What is held now (after a change): the window's peak follows it."""
-        if judgments > self.peak["judgments"]:
-            self.peak["judgments"] = judgments
+        self.peak_judgments = max(self.peak_judgments, judgments)
 
     def idle(self, now: float) -> None:
         self.busy_s += now - max(self.busy_since, self.start)

@@ -255,8 +255,8 @@ class Admission:
     def _full(self, usual: int, judged: bool) -> tuple[str, str] | None:
         """What is full for a call of ``usual`` judgments (None: it fits)."""
         full = self._which_full(usual, judged)
-        beyond = self.cap_judgments is not None and self.judgments + usual > self.cap_judgments
-        if full is not None and not (full[1] == "judgments" and beyond):
+        if full is not None and not (full[1] == "judgments" and self.cap_judgments is not None
+                                     and self.judgments + usual > self.cap_judgments):
             # a call that would not fit even at the cap (beside one larger than it, admitted
             # alone) says nothing about the limit: counted, the limit grew to its cap on attack
             # 3a's 65,536-judgment calls with a victim's refused beside them (bench/faults.py)
@@ -495,7 +495,7 @@ class Admission:
         for limit, rate, short, step, lo, hi, grow, shedding, peak in (
             (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
              min(usual, self.min_judgments) if shed else self.min_judgments,
-             self.cap_judgments, not saturated, shed, w.peak["judgments"]),
+             self.cap_judgments, not saturated, shed, w.peak_judgments),
             # the call limit keeps what it grew to: its floor is a few calls, and a trainer's
             # per-sample callers come in bursts (a step's rollouts) that would meet it each time
             (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
