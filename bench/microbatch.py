@@ -14,7 +14,8 @@ runs in this process; the callers run in a child process, as verl's RewardLoopWo
 process: each of N callers awaits ``AsyncRewardClient.score([one item])`` ``--calls`` times in a
 row on one shared client, so N calls are in flight at once. Every result is checked (id, OK).
 Prints items/s, p50/p99 per call, the server process's CPU per item (on Ray the replicas'
-CPU is not counted) and the callers' CPU per item, then the ratios: with/without
+CPU is not counted), the callers' CPU per item and the engine batches the server formed (per
+deployment: how many, mean items; on Ray each is one deployment call), then the ratios: with/without
 micro-batching per hosting, and Ray/in-process with it.
 """
 
@@ -84,6 +85,19 @@ async def callers(args: argparse.Namespace) -> None:
     print(json.dumps(row), flush=True)
 
 
+def _batches() -> dict[str, tuple[float, float]]:
+    """Engine batches formed in this process so far, per deployment: (count, items)."""
+    from prometheus_client import REGISTRY
+
+    out = {}
+    for dep in ("judge", "nli"):
+        labels = {"deployment": dep}
+        count = REGISTRY.get_sample_value("reward_server_batch_items_count", labels) or 0.0
+        items = REGISTRY.get_sample_value("reward_server_batch_items_sum", labels) or 0.0
+        out[dep] = (count, items)
+    return out
+
+
 def _refused() -> float:
     """Score calls this process's server has answered RESOURCE_EXHAUSTED so far (the client
     retried them on the server's pushback: they cost time, not results)."""
@@ -104,6 +118,7 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
         tune_gc_for_serving()  # this process is the server: tuned as `reward-server serve` is
     rows = {}
     refused = _refused()
+    batches = _batches()
     try:
         for mode in modes or args.modes:
             child = await asyncio.create_subprocess_exec(
@@ -120,6 +135,10 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
             row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
             refused_now = _refused()
             row["refused"], refused = refused_now - refused, refused_now
+            batches_now = _batches()
+            formed = {dep: (batches_now[dep][0] - batches[dep][0], batches_now[dep][1] - batches[dep][1])
+                      for dep in batches}
+            batches = batches_now
             n = row["items"]
             row["server_ms_item"] = 1000 * cpu / (n + min(args.callers, n))  # + warm-up items
             sent = row["score_calls"]
@@ -129,7 +148,10 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                   f"   wall {row['wall']:5.1f} s ({row['rounds']} x {n // row['rounds']} items)"
                   f"   failed/mismatched {row['bad']}"
                   + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else "")
-                  + f"   refused (RESOURCE_EXHAUSTED, retried) {row['refused']:.0f}", flush=True)
+                  + f"   refused (RESOURCE_EXHAUSTED, retried) {row['refused']:.0f}"
+                  + "   engine batches " + ", ".join(
+                      f"{dep} {n:.0f} (mean {items / n:.1f} items)" for dep, (n, items) in formed.items() if n),
+                  flush=True)
     finally:
         await app.stop(grace=1.0, drain_delay=0)
     return rows

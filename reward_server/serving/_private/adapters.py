@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import grpc
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve._private.router import SharedRouterLongPollClient
 from ray.serve.context import _get_global_client
 from ray.serve.exceptions import (
     BackPressureError,
@@ -126,7 +127,9 @@ class HandleCaller:
     ) -> None:
         self.handle = handle  # startup, status and the resend as an actor call
         self._grpc = transport == "grpc"
-        self._hot: tuple[asyncio.AbstractEventLoop, DeploymentHandle[Any]] | None = None
+        # (loop, the handle engine calls go through, the handle that owns its router)
+        self._hot: tuple[asyncio.AbstractEventLoop, DeploymentHandle[Any],
+                         DeploymentHandle[Any]] | None = None
         self._deployment = deployment
         self._timeout_s = timeout_s
         self._max_retries = max_retries
@@ -221,8 +224,27 @@ class HandleCaller:
                                                           self.handle.app_name)
             own._init(_run_router_in_separate_loop=False)
             # by value: calls go over gRPC straight to the replica, not as actor calls
-            self._hot = (loop, own.options(_by_reference=False) if self._grpc else own)
+            self._hot = (loop, own.options(_by_reference=False) if self._grpc else own, own)
         return self._hot[1]
+
+    async def close(self, *, ray_stopping: bool) -> None:
+        """Shut down the router of :meth:`_hot_handle` (on its own loop, this one).
+
+        ``ray_stopping``: Ray is about to be shut down in this process. Serve's routers also
+        register with a long-poll client shared per controller and event loop, which nothing
+        stops: left polling on a loop that outlives Ray, its next poll auto-starts a new local
+        Ray (with its dashboard) and logs "Can't find actor" tracebacks. It is stopped then.
+        """
+        hot, self._hot = self._hot, None
+        if hot is None or hot[0] is not asyncio.get_running_loop():
+            return
+        own = hot[2]
+        router = getattr(own._router, "_asyncio_router", None)  # Serve's CurrentLoopRouter
+        await own.shutdown_async()
+        if ray_stopping and router is not None:
+            router.long_poll_client.stop()
+            SharedRouterLongPollClient.get_or_create(
+                router.long_poll_client.host_actor, hot[0]).long_poll_client.stop()
 
     async def _once(self, method: str, piece: list[Any]) -> Any:
         try:
@@ -264,6 +286,10 @@ class RayJudge:
     def handle(self) -> DeploymentHandle[Any]:
         return self._caller.handle
 
+    @property
+    def caller(self) -> HandleCaller:
+        return self._caller
+
     async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
         return await self._caller.call("p_yes", prompts)
 
@@ -274,7 +300,8 @@ class RayJudge:
         return await self._caller.health.check()
 
     async def close(self) -> None:
-        """Nothing to free here; the deployment's lifetime belongs to RayHost.shutdown."""
+        """Nothing to free here; the deployment's lifetime belongs to RayHost.shutdown, the
+        handle's router to :meth:`HandleCaller.close` (called by it)."""
         return None
 
 
@@ -316,6 +343,10 @@ class RayNLI:
     @property
     def handle(self) -> DeploymentHandle[Any]:
         return self._caller.handle
+
+    @property
+    def caller(self) -> HandleCaller:
+        return self._caller
 
     async def token_counts(self, texts: Sequence[str]) -> list[int]:
         missing = list(dict.fromkeys(t for t in texts if t not in self._counts))

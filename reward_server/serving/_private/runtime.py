@@ -131,6 +131,14 @@ class RayHost:
     def app_name(self, kind: Kind) -> str:
         return self._settings.app_name(kind)
 
+    async def aclose(self) -> None:
+        """Shut down the routers of this loop's engine calls, then :meth:`shutdown`."""
+        stopping = not self._closed and (self._owns_ray or self._connected_ray)
+        for engine in (self.ray_judge, self.ray_nli):
+            if engine is not None:
+                await engine.caller.close(ray_stopping=stopping)
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Delete the applications this process deployed (unless
         ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
@@ -200,7 +208,8 @@ class RayEngines(Engines):
         return seen
 
     async def close(self) -> None:
-        self.shutdown()
+        self._closed = True
+        await self.host.aclose()
 
     def shutdown(self) -> None:
         """Stop the engines' hosting (see :meth:`RayHost.shutdown`)."""

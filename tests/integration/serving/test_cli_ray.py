@@ -174,3 +174,44 @@ async def test_kept_and_attached_apps_stay_and_the_log_is_the_servers_own(ray_se
             attached.kill()
         for kind in ("judge", "nli"):
             serve.delete(f"{prefix}-{kind}")
+
+
+STOP_THEN_WAIT = """
+import asyncio, sys
+import ray
+from reward_server import domain as d
+from reward_server.app import start_app
+from reward_server.client import AsyncRewardClient
+from reward_server.config import load_config
+
+async def main() -> None:
+    app = await start_app(load_config(overrides=[
+        "server.port=0", "server.drain_delay_s=0", "engines={judge: {kind: fake}, nli: {kind: fake}}",
+        "serving.mode=ray", "serving.ray.address=" + sys.argv[1], "serving.ray.app_prefix=" + sys.argv[2],
+        "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"], env={}))
+    async with AsyncRewardClient(app.target) as client:
+        items = [d.ScoreItem(f"i{k}", d.NliConstraintsSpec("Paris is big.", "Paris", "big"))
+                 for k in range(4)]
+        assert all(r.status is d.ItemStatus.OK for r in await client.score(items))
+    await app.stop(grace=1.0, drain_delay=0)
+    await asyncio.sleep(float(sys.argv[3]))  # the loop lives on, as in a notebook or a test
+    print("ray initialized after stop:", ray.is_initialized(), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_stopped_app_leaves_no_ray_behind_on_a_loop_that_lives_on(ray_session: Any) -> None:
+    """start_app on Ray, calls, stop, then the process's loop runs on: Serve's long-poll
+    client of the engine calls' routers used to poll again after Ray had stopped, and Ray's
+    auto-init started a new local Ray (dashboard included) with "Can't find actor"
+    tracebacks."""
+    address = ray_session.get_runtime_context().gcs_address
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REWARD_SERVER")}
+    out = subprocess.run([sys.executable, "-c", STOP_THEN_WAIT, address, "t-stopwait", "6"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ray initialized after stop: False" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "Can't find actor" not in out.stderr, out.stderr[-3000:]
+    assert "Started a local Ray instance" not in out.stderr, out.stderr[-3000:]
+    assert app_statuses("t-stopwait") == {}
