@@ -63,11 +63,10 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from reward_server import metrics
 from reward_server.errors import Overloaded
 from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window, between
+from reward_server.service.settings import AdmissionSettings
 
 _RETRY_MIN_S = 0.05
 _RETRY_MAX_S = 5.0
@@ -100,59 +99,6 @@ SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refus
 # 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of ~5 ms alone):
 # with the call-state cycles gone, three interleaved runs each served 649-748 calls at 2x
 # overload against 884-928 at 5 ms, with no lower p99 (24.5-42.6 ms against 11.5-36.8)
-
-
-class AdmissionSettings(BaseModel):
-    """How much work the server accepts at once (more is RESOURCE_EXHAUSTED with a retry hint)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = Field(True, description="Refuse work beyond the limits below.")
-    adaptive: bool = Field(
-        True, description="Size the judgment and call limits from the engines' measured "
-        "throughput and target_p99_s, between the floors and the caps below; false: the caps "
-        "are the limits."
-    )
-    target_p99_s: float | None = Field(
-        None, gt=0, le=3600, description="Latency admitted calls should keep under load (p99). "
-        "None: twice the latency of a call of the usual size admitted alone, as measured."
-    )
-    max_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Cap on the judgments (judge prompts plus NLI pairs) admitted at "
-        "once (the limit itself with adaptive false). None: batches_in_flight times the "
-        "engines' batching.max_items (summed over the judge and a separate NLI engine, times "
-        "their replicas on Ray)."
-    )
-    min_judgments_in_flight: int | None = Field(
-        None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch "
-        "of every engine (their batching.max_items, as above)."
-    )
-    batches_in_flight: int = Field(
-        64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
-        "of work may be admitted per engine replica."
-    )
-    max_calls_in_flight: int = Field(
-        4096, ge=1, description="Cap on calls (every method, Info included) admitted at once."
-    )
-    min_calls_in_flight: int = Field(
-        16, ge=1, description="Floor of the adaptive call limit."
-    )
-    max_wait_s: float = Field(
-        0.05, ge=0, le=1, description="How long a retried call that does not fit may wait for "
-        "room (fair order: most previous attempts first, then earliest) before it is refused "
-        "(first attempts never wait). 0.05: about one 256-item call on 2 cores, so the room "
-        "freed by the next call to finish goes to a waiting retry instead of idling until the "
-        "next pushback ends (bench/scaling.py, 256-item calls, concurrency 256 / 64: 0.86-0.96x "
-        "in four runs against 0.81-0.84x in three at 0.005)."
-    )
-    max_waiting: int = Field(
-        128, ge=0, description="Calls waiting for room at once; past it a call with more "
-        "previous attempts takes the place of the newest with fewer, the others are refused."
-    )
-    max_request_bytes_in_flight: int = Field(
-        512 * 1024 * 1024, ge=1024, description="Request bytes (encoded) held by admitted and "
-        "parsing calls at once."
-    )
 
 
 class Admission:

@@ -21,8 +21,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from reward_server import API_VERSION, __version__, components, cooperative, kinds, nli, rubric
 from reward_server import domain as d
 from reward_server.backends.base import JudgeEngine, NLIEngine
@@ -30,27 +28,14 @@ from reward_server.errors import BackendUnavailable
 from reward_server.kinds.weighted import weighted_mean
 from reward_server.nli.settings import NLISettings
 from reward_server.rubric.settings import RubricSettings
-from reward_server.service.admission import Admission, AdmissionSettings, Ticket
+from reward_server.service.admission import Admission, Ticket
+from reward_server.service.settings import AdmissionSettings, ServiceSettings
 from reward_server.service.validation import BatchCheck, Limits, ValidatedBatch, Validator
 
 __all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for", "weighted_mean"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_ENGINE_BATCH_ITEMS = 512  # judge + NLI batching.max_items at their defaults
-
-
-class ServiceSettings(BaseModel):
-    """Request limits, admission control and the penalty of a malformed policy output."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    policy_invalid_penalty: float = Field(
-        0.0, ge=-1e6, le=1e6, allow_inf_nan=False,
-        description="Reward of an item whose policy output is malformed (empty, over-long, "
-        "or for PARL an unparsable rubric); the item's status is POLICY_INVALID. PARL's value: 0."
-    )
-    limits: Limits = Field(default_factory=Limits)
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
