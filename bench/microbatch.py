@@ -8,6 +8,9 @@ engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run
 
 On Ray it runs the default transport (serving.ray.transport=grpc) with and without
 micro-batching, then with it over Ray actor calls (``--no-actor`` skips that row).
+``--ingresses N`` serves the Ray rows from N ingress processes (this one, plus N-1
+``reward-server serve`` processes attached to its applications, docs/operations.md); the callers'
+client round-robins over them, and the server CPU counts all of them.
 
 The server (``start_app``: gRPC ingress plus engines in this process, or engines on Ray Serve)
 runs in this process; the callers run in a child process, as verl's RewardLoopWorker is its own
@@ -116,20 +119,22 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                                                  *overrides, *args.overrides], env={}))
     if not args.gc_default:
         tune_gc_for_serving()  # this process is the server: tuned as `reward-server serve` is
+    extra = await _extra_ingresses(args.ingresses - 1) if hosting.startswith("gRPC->Ray") else []
+    target = ",".join([app.target, *(t for t, _ in extra)])
     rows = {}
     refused = _refused()
     batches = _batches()
     try:
         for mode in modes or args.modes:
             child = await asyncio.create_subprocess_exec(
-                sys.executable, __file__, "--client", app.target, "--mode", mode,
+                sys.executable, __file__, "--client", target, "--mode", mode,
                 "--callers", str(args.callers), "--calls", str(args.calls),
                 "--window-ms", str(args.window_ms), "--max-items", str(args.max_items),
                 "--min-s", str(args.min_s),
                 stdout=asyncio.subprocess.PIPE)
-            cpu = time.process_time()
+            cpu = time.process_time() + sum(_cpu_s(p.pid) for _, p in extra)
             out, _ = await child.communicate()
-            cpu = time.process_time() - cpu
+            cpu = time.process_time() + sum(_cpu_s(p.pid) for _, p in extra) - cpu
             if child.returncode != 0:
                 raise RuntimeError(f"the callers' process failed ({child.returncode})")
             row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
@@ -153,8 +158,39 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                       f"{dep} {n:.0f} (mean {items / n:.1f} items)" for dep, (n, items) in formed.items() if n),
                   flush=True)
     finally:
+        for _, p in extra:
+            p.terminate()  # SIGTERM: a graceful stop
+            await p.wait()
         await app.stop(grace=1.0, drain_delay=0)
     return rows
+
+
+def _cpu_s(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _extra_ingresses(n: int) -> list[tuple[str, Any]]:
+    """``n`` more ingress processes attached to this process's Ray applications."""
+    import ray
+
+    gcs = ray.get_runtime_context().gcs_address
+    out = []
+    for _ in range(n):
+        p = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "reward_server", "serve", "--fake", "--port", "0", "--address", gcs,
+            "--set", "serving.ray.deploy=false", "--set", "serving.ray.app_prefix=microbatch",
+            "--set", "server.metrics_port=0",
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, "RAY_AUTH_MODE": "token"})
+        assert p.stdout is not None
+        while True:
+            line = (await p.stdout.readline()).decode()
+            if not line:
+                raise RuntimeError("an extra ingress did not start")
+            if line.startswith("listening on "):
+                out.append(("127.0.0.1:" + line.strip().rsplit(":", 1)[1], p))
+                break
+    return out
 
 
 def ratio(a: dict[str, dict[str, Any]] | None, ma: str, b: dict[str, dict[str, Any]] | None,
@@ -182,6 +218,9 @@ async def main() -> None:
                     "serving.ray.transport=actor (Ray actor calls, against the default gRPC path)")
     ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"],
                     help="rows to run (default both; the ratios need both)")
+    ap.add_argument("--ingresses", type=int, default=1, help="ingress processes on Ray (the "
+                    "first in this process, the others `reward-server serve` attached to its "
+                    "applications); the callers' client round-robins over them")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a server config override (repeatable), e.g. service.admission.enabled=false")
     ap.add_argument("--gc-default", action="store_true",
