@@ -129,10 +129,12 @@ async def start_app(
 
     ``judge_factory`` / ``nli_factory`` replace the engine factories (tests, benchmarks).
     """
-    check_port_free(config.server.host, config.server.port)  # before minutes of model loading
+    shared = config.server.reuse_port
+    # before minutes of model loading
+    check_port_free(config.server.host, config.server.port, reuse_port=shared)
     http = config.server.http
     if http.port is not None:
-        check_port_free(http.host or config.server.host, http.port,
+        check_port_free(http.host or config.server.host, http.port, reuse_port=shared,
                         setting="--http-port / server.http.port or server.http.host")
     if config.server.metrics_port is not None:
         check_port_free(config.server.host, config.server.metrics_port,
@@ -203,10 +205,12 @@ def tune_gc_for_serving() -> None:
 
 
 def check_port_free(
-    host: str, port: int, *, setting: str = "--port / server.port or --host / server.host"
+    host: str, port: int, *, reuse_port: bool = False,
+    setting: str = "--port / server.port or --host / server.host",
 ) -> None:
     """ConfigError now if ``host:port`` cannot be bound (0: any port, nothing to check);
-    the message names ``setting``, where to choose another."""
+    the message names ``setting``, where to choose another. ``reuse_port``: bound with
+    SO_REUSEPORT, as ``server.reuse_port`` binds (a listener that set it too does not count)."""
     if port == 0:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -214,12 +218,16 @@ def check_port_free(
         # as every server socket: a restart on the same port must not trip over the previous
         # run's TIME_WAIT connections (a live listener still makes the bind fail)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             probe.bind((host, port))
         except OSError as e:
+            shared = "" if reuse_port else (
+                "; several server processes share one port only with server.reuse_port=true in each")
             raise ConfigError(
                 f"cannot bind {host}:{port} ({e.strerror}): the port is in use or the address is "
-                f"not this machine's; choose another with {setting} (0 picks a free port)"
+                f"not this machine's; choose another with {setting} (0 picks a free port){shared}"
             ) from None
 
 

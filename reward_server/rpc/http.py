@@ -189,7 +189,7 @@ class HttpDoor:
         self.routes = Starlette(routes=routes)
         http = settings.http
         self.host = http.host or settings.host
-        self._socket = self._bind(self.host, http.port or 0)
+        self._socket = self._bind(self.host, http.port or 0, reuse_port=settings.reuse_port)
         self.port: int = self._socket.getsockname()[1]
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -197,10 +197,12 @@ class HttpDoor:
             self.routes.add_exception_handler(status, no_route)
 
     @staticmethod
-    def _bind(host: str, port: int) -> socket.socket:
+    def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, port))
         except OSError as e:

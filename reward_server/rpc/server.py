@@ -166,7 +166,7 @@ def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
     options = [
         ("grpc.max_receive_message_length", s.max_message_bytes),
         ("grpc.max_send_message_length", s.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(s.reuse_port)),
         # count streams open on the wire against max_concurrent_streams, as HTTP/2 does (the
         # client queues the rest), not streams still allocated: with grpc's default (True) a
         # stream whose answer the client already has still counts until Python drops the call,
@@ -259,6 +259,8 @@ def create_server(
         raise ConfigError(
             f"cannot bind {address}: the port is in use or the address is not this machine's; "
             "choose another with --port / server.port (0 picks a free one) or --host / server.host"
+            + ("" if s.reuse_port else "; several server processes share one port only with "
+               "server.reuse_port=true in each")
         )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
@@ -286,7 +288,7 @@ def _health_server(
     """grpc.health.v1 alone on ``server.health_port``: its own gRPC server, hence its own
     connection cap (gRPC counts ``max_allowed_incoming_connections`` per server), so connections
     that hold every slot of the main port leave health checks theirs."""
-    options = [("grpc.so_reuseport", 0),
+    options = [("grpc.so_reuseport", int(s.reuse_port)),
                ("grpc.max_allowed_incoming_connections", HEALTH_MAX_CONNECTIONS),
                ("grpc.max_connection_idle_ms", _ms(HEALTH_IDLE_S)),
                ("grpc.server_handshake_timeout_ms", _ms(min(s.handshake_timeout_s, HEALTH_IDLE_S))),

@@ -92,6 +92,12 @@ class ServerSettings(_Frozen):
                       "::1 (or [::1]) for IPv6 loopback.")
     _host = field_validator("host")(unbracket)
     port: int = Field(50051, ge=0, le=65535, description="Port to bind; 0 picks a free one.")
+    reuse_port: bool = Field(
+        False, description="Bind the gRPC port, the health port and the HTTP door with "
+        "SO_REUSEPORT, so that several server processes on this machine share them (several "
+        "ingresses attached to the same Ray applications, docs/operations.md); the kernel "
+        "spreads connections, not calls, over them. False: a port in use fails the start."
+    )
     max_message_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent; a "
         "larger one is refused by gRPC (RESOURCE_EXHAUSTED) before the server reads it. gRPC "
