@@ -17,7 +17,8 @@ runs in this process; the callers run in a child process, as verl's RewardLoopWo
 process: each of N callers awaits ``AsyncRewardClient.score([one item])`` ``--calls`` times in a
 row on one shared client, so N calls are in flight at once. Every result is checked (id, OK).
 Prints items/s, p50/p99 per call, the server process's CPU per item (on Ray the replicas'
-CPU is not counted), the callers' CPU per item and the engine batches the server formed (per
+CPU is not counted), the callers' CPU per item, the Score calls refused for load (by limit and
+stage) and the engine batches the server formed (per
 deployment: how many, mean items; on Ray each is one deployment call), then the ratios: with/without
 micro-batching per hosting, and Ray/in-process with it.
 """
@@ -101,6 +102,20 @@ def _batches() -> dict[str, tuple[float, float]]:
     return out
 
 
+def _refusal_stages() -> dict[str, float]:
+    """Refusals so far by limit and stage (where admission refused: docs/metrics.md)."""
+    from prometheus_client import REGISTRY
+
+    out: dict[str, float] = {}
+    for metric in REGISTRY.collect():
+        if metric.name == "reward_server_admission_refused":
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    key = f"{sample.labels['limit']}/{sample.labels['stage']}"
+                    out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 def _refused() -> float:
     """Score calls this process's server has answered RESOURCE_EXHAUSTED so far (the client
     retried them on the server's pushback: they cost time, not results)."""
@@ -123,6 +138,7 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
     target = ",".join([app.target, *(t for t, _ in extra)])
     rows = {}
     refused = _refused()
+    stages = _refusal_stages()
     batches = _batches()
     try:
         for mode in modes or args.modes:
@@ -140,6 +156,9 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
             row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
             refused_now = _refused()
             row["refused"], refused = refused_now - refused, refused_now
+            stages_now = _refusal_stages()
+            where = {k: v - stages.get(k, 0.0) for k, v in stages_now.items() if v > stages.get(k, 0.0)}
+            stages = stages_now
             batches_now = _batches()
             formed = {dep: (batches_now[dep][0] - batches[dep][0], batches_now[dep][1] - batches[dep][1])
                       for dep in batches}
@@ -154,6 +173,8 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                   f"   failed/mismatched {row['bad']}"
                   + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else "")
                   + f"   refused (RESOURCE_EXHAUSTED, retried) {row['refused']:.0f}"
+                  + (" (" + ", ".join(f"{k} {v:.0f}" for k, v in sorted(where.items())) + ")"
+                     if where else "")
                   + "   engine batches " + ", ".join(
                       f"{dep} {n:.0f} (mean {items / n:.1f} items)" for dep, (n, items) in formed.items() if n),
                   flush=True)
