@@ -45,8 +45,8 @@ The transport asks in three steps, each before the heavier work that follows it:
 :meth:`Admission.arrive` (or :meth:`Admission.enter`, which does not wait) before reading the
 request body (is there room for a call of the usual size?), :meth:`Ticket.add_bytes` with the
 body's size before parsing it (holding the call, its bytes and, provisionally, a usual call's
-judgments, or more when the body is large: its size over the admitted calls' average bytes per
-judgment, up to the room left, so one large body enters beside small calls and a flood of large
+judgments, or more when the body is large (:data:`LARGE_BODY`): its size over the admitted calls'
+average bytes per judgment, up to the room left, so one large body enters beside small calls and a flood of large
 bodies is refused before it is parsed), :meth:`Ticket.admit` with
 its judgments before fanning out. Under overload most refusals come from the first two steps and
 cost no parsing; a call whose request never arrives holds nothing. It is applied after
@@ -94,6 +94,14 @@ UNUSED = 2
 # kept Little's law over the small calls' limit for seconds (bench/faults.py --only big, then an
 # overload: the shed limit 512, 395, 361, 346, 321, 297, 272 a window apart)
 RATE_SIZE_CHANGE = 4.0
+# a body holds its estimated judgments (its size over the admitted calls' bytes per judgment)
+# before it is parsed only when that is at least this many usual calls; a body about the usual
+# size holds a usual call's. The bytes per judgment vary from call to call by a few per cent (ids
+# and texts of other lengths): verl's merged calls of 128 judgments were estimated at 129-130,
+# four of them then did not fit the floor of 512 that their callers' whole demand fills, and the
+# refusal on a saturated loop shed the limit (bench/microbatch.py: 4 runs of 8 went so, each
+# starting with that refusal; 114-333 refusals and -20 % items/s)
+LARGE_BODY = 2.0
 SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
 # about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
 # 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of ~5 ms alone):
@@ -343,8 +351,8 @@ class Admission:
         if refused is not None:
             raise refused
         hold = usual
-        if self._bytes_per_judgment and ticket.judged:  # a large body: estimate its judgments
-            estimate = round(nbytes / self._bytes_per_judgment)
+        estimate = round(nbytes / self._bytes_per_judgment) if self._bytes_per_judgment else 0
+        if ticket.judged and estimate >= LARGE_BODY * usual:  # a large body: its estimate
             # held up to the room left, not refused on it: bytes only estimate judgments (a
             # long id or history is not work), so one large body still enters beside small
             # calls, and the next large body finds the room taken and is refused unparsed

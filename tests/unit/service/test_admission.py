@@ -305,6 +305,29 @@ def test_a_large_body_holds_its_estimated_judgments_before_it_is_parsed() -> Non
     assert a.judgments == 0
 
 
+def test_a_body_about_the_usual_size_holds_a_usual_call_not_its_estimate() -> None:
+    """Bytes per judgment vary by a few per cent between calls of the same shape (ids and texts
+    of other lengths). verl's merged calls of 128 judgments, estimated at 142 from their
+    bodies: four of them still fill the limit of 512 exactly, where holding the estimate
+    refused the fourth (and a refusal on a saturated loop sheds the limit)."""
+    a = Admission(max_judgments=512, max_bytes=None, seed=0)
+    with a.enter() as first:
+        first.add_bytes(5120)
+        first.admit(128)  # 40 bytes per judgment; usual 128
+    held = []
+    for _ in range(4):
+        t = a.enter()
+        t.add_bytes(5664)  # 44.25 bytes per judgment: estimated 142
+        assert t.judgments == 128
+        held.append(t)
+    for t in held:
+        t.admit(128)
+    assert a.judgments == 512 and a.refused == 0
+    for t in held:
+        t.release()
+    assert a.judgments == 0
+
+
 def test_a_body_estimated_past_the_limit_still_enters_beside_a_small_call() -> None:
     """Bytes only estimate judgments: a call with a 20 KB id is one judgment. It enters beside
     a small call in flight (holding the room left until parsed) and is judged on what it is."""
