@@ -406,7 +406,8 @@ def print_table() -> None:
         other = {k: v for k, v in p.health_status.items() if k != "SERVING"}
         h = (f"{ms(p.health, .99)} ({len(p.health)}" + (f"; {other}" if other else "") + ")"
              if p.health else p.no_health)
-        r = "{:.0f} / {:.0f} / {:.0f}".format(*p.rss) if p.rss else "n/a"
+        r = ("{:.0f} / {:.0f} / {:.0f} ({:+.1f} %)".format(*p.rss, 100 * (p.rss[2] / p.rss[0] - 1))
+             if p.rss else "n/a")  # after over before: the "back within 10 %"
         s = f"{len(p.served)}, {ms(p.served, .5)} / {ms(p.served, .99)}"
         f = f"{len(p.refused)}, {ms(p.refused, .5)} / {ms(p.refused, .99)}"
         v = p.victim
