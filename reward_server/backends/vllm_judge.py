@@ -254,6 +254,10 @@ class VLLMJudge:
         return Health(True)
 
     async def close(self) -> None:
-        shutdown = getattr(self._engine, "shutdown", None)
+        engine, self._engine = self._engine, None
+        shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
+        # the last reference goes here: AsyncLLM.__del__ shuts down again, which at interpreter
+        # exit (modules torn down) printed "Exception ignored ... TypeError" (vLLM 0.32)
+        del engine

@@ -116,3 +116,34 @@ async def test_score_parl_a_same_reward_on_vllm_and_transformers(
     assert abs(on_vllm.reward - on_transformers.reward) < TOLERANCE
     for name, value in on_transformers.components.items():
         assert on_vllm.components[name] == pytest.approx(value, abs=TOLERANCE), name
+
+
+CLOSE_AND_EXIT = """
+import asyncio, sys
+from reward_server.backends.base import JudgePrompt
+from reward_server.backends.vllm_judge import VLLMJudge
+
+async def main():
+    judge = VLLMJudge(sys.argv[1], dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
+    print(await judge.p_yes([JudgePrompt("sys", "Text: hi.", " Rule: greets?")]))
+    await judge.close()
+
+if __name__ == "__main__":  # vLLM spawns its engine process
+    asyncio.run(main())
+"""
+
+
+def test_a_closed_judge_exits_without_a_traceback(smollm2: str, tmp_path: Any) -> None:
+    """AsyncLLM.__del__ shuts down again; left for interpreter exit, it printed "Exception
+    ignored ... TypeError" on torn-down globals (vLLM 0.32). close() drops the last reference."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "close_and_exit.py"
+    script.write_text(CLOSE_AND_EXIT)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    done = subprocess.run([sys.executable, str(script), smollm2], capture_output=True, text=True,
+                          timeout=600, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
