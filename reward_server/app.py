@@ -28,7 +28,7 @@ from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
 from reward_server.metrics import MetricsServer
 from reward_server.rpc.http import HttpDoor
-from reward_server.rpc.server import RewardGrpcServer, create_server
+from reward_server.rpc.server import SHARE_PORT_HINT, RewardGrpcServer, create_server
 from reward_server.rpc.settings import host_port
 from reward_server.service import RewardService, admission_for
 from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
@@ -223,8 +223,7 @@ def check_port_free(
         try:
             probe.bind((host, port))
         except OSError as e:
-            shared = "" if reuse_port else (
-                "; several server processes share one port only with server.reuse_port=true in each")
+            shared = "" if reuse_port else SHARE_PORT_HINT
             raise ConfigError(
                 f"cannot bind {host}:{port} ({e.strerror}): the port is in use or the address is "
                 f"not this machine's; choose another with {setting} (0 picks a free port){shared}"

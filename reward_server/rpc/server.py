@@ -157,6 +157,10 @@ def _credentials(s: ServerSettings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+# what a port-in-use error adds when server.reuse_port is off (app.check_port_free says it too)
+SHARE_PORT_HINT = "; several server processes share one port only with server.reuse_port=true in each"
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -259,8 +263,7 @@ def create_server(
         raise ConfigError(
             f"cannot bind {address}: the port is in use or the address is not this machine's; "
             "choose another with --port / server.port (0 picks a free one) or --host / server.host"
-            + ("" if s.reuse_port else "; several server processes share one port only with "
-               "server.reuse_port=true in each")
+            + ("" if s.reuse_port else SHARE_PORT_HINT)
         )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)

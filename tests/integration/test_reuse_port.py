@@ -12,7 +12,7 @@ import pytest
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.app import start_app
+from reward_server.app import RewardApp, start_app
 from reward_server.backends.base import NLIPair, NLIScore
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.config import load_config
@@ -43,7 +43,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def start(port: int, nli: FakeNLI, *extra: str):  # type: ignore[no-untyped-def]
+async def start(port: int, nli: FakeNLI, *extra: str) -> RewardApp:
     config = load_config(overrides=[f"server.port={port}", "server.drain_delay_s=0", FAKE,
                                     "server.metrics_port=0", *extra], env={})
     return await start_app(config, judge_factory=lambda _s: FakeJudge(), nli_factory=lambda _s: nli)
