@@ -8,9 +8,9 @@ timeout from the client's deadline, and a graceful drain (:meth:`RewardGrpcServe
 1. health turns NOT_SERVING and calls are still served for ``drain_delay_s`` (load balancers
    notice and route away);
 2. new calls are held, unanswered; every call accepted before has ``grace_period_s`` to finish;
-3. once they have, and no new call arrived for a moment, the port closes (GOAWAY, no new
-   connection) and the held calls are answered UNAVAILABLE ("draining; retry on another
-   replica").
+3. once they have, and no new call arrived for a moment while the event loop ran on time, the
+   port closes (GOAWAY, no new connection) and the held calls are answered UNAVAILABLE
+   ("draining; retry on another replica").
 
 gRPC itself cancels (CANCELLED) calls that reached it but not yet the application when its port
 closes. Holding the late calls in step 2 instead of answering them at once keeps a client that
@@ -43,8 +43,10 @@ from reward_server.service import RewardService
 logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RewardService"].full_name
 SHUTDOWN_STARTED_S = 0.02  # time for grpc's shutdown to close the port and send GOAWAY
-QUIET_S = 0.05  # before the port closes: no call arrived for this long ...
+QUIET_S = 0.05  # before the port closes: no call arrived for this long, the loop on time ...
 QUIET_MAX_S = 1.0  # ... or this long passed
+QUIET_STEP_S = 0.01  # how often the quiet wait looks ...
+LATE_S = 0.02  # ... and a look this much late means the loop was held: calm starts over
 
 
 STEP_BOUND_S = 5.0  # a drain step that has not ended this long past its due time is left
@@ -128,12 +130,18 @@ class RewardGrpcServer:
         logger.info("server stopped")
 
     async def _quiet(self, deadline: float) -> None:
+        """Until no call arrived for ``QUIET_S`` while the event loop ran on time (at most
+        ``QUIET_MAX_S``). A call that reaches gRPC while the loop is held (a collector pass, a
+        busy CPU) reaches our code only when the loop runs again: closing the port at the end
+        of such a pause would have gRPC cancel it, so time spent held does not count as quiet."""
         limit = min(deadline, time.monotonic() + QUIET_MAX_S)
-        while time.monotonic() < limit:
-            idle = time.monotonic() - self.servicer.last_arrival
-            if idle >= QUIET_S:
+        calm_since = time.monotonic()
+        while (now := time.monotonic()) < limit:
+            if now - max(calm_since, self.servicer.last_arrival) >= QUIET_S:
                 return
-            await asyncio.sleep(QUIET_S - idle)
+            await asyncio.sleep(QUIET_STEP_S)
+            if time.monotonic() - now > QUIET_STEP_S + LATE_S:
+                calm_since = time.monotonic()
 
     async def wait_for_termination(self) -> None:
         await self._stopped.wait()
