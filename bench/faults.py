@@ -272,6 +272,7 @@ class Phase:
     health: list[float] = field(default_factory=list)
     health_status: collections.Counter[str] = field(default_factory=collections.Counter)
     rss: tuple[float, float, float] | None = None
+    exits: bool = False  # the attack ends the server: no "after", its memory goes with it
     no_health: str = "no check in this short phase"
     server_refusal_p99: str = "-"
     victim: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -408,6 +409,8 @@ def print_table() -> None:
              if p.health else p.no_health)
         r = ("{:.0f} / {:.0f} / {:.0f} ({:+.1f} %)".format(*p.rss, 100 * (p.rss[2] / p.rss[0] - 1))
              if p.rss else "n/a")  # after over before: the "back within 10 %"
+        if p.rss and p.exits:  # the last sample is the server draining under load, not after it
+            r = "{:.0f} / {:.0f} / exited (last sample, draining: {:.0f})".format(*p.rss)
         s = f"{len(p.served)}, {ms(p.served, .5)} / {ms(p.served, .99)}"
         f = f"{len(p.refused)}, {ms(p.refused, .5)} / {ms(p.refused, .99)}"
         v = p.victim
@@ -1051,6 +1054,7 @@ async def drain(args: argparse.Namespace) -> tuple[int, int]:
     p.health = s.health.between(t0, t_term + took)
     p.health_status = s.health.statuses(t0, t_term + took)
     p.rss = (before, max(mb for _, mb in s.rss), s.rss[-1][1])
+    p.exits = True
     s.stop()
     await caller.close()
     p.outcome = f"exit {rc} {took:.1f} s after SIGTERM; calls {dict(p.codes)}"
