@@ -254,10 +254,10 @@ class VLLMJudge:
         return Health(True)
 
     async def close(self) -> None:
+        # the judge lets go of the engine, so its last reference goes when this returns, not at
+        # interpreter exit: AsyncLLM.__del__ shuts down again, which with the modules torn down
+        # printed "Exception ignored ... TypeError" (vLLM 0.32)
         engine, self._engine = self._engine, None
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
-        # the last reference goes here: AsyncLLM.__del__ shuts down again, which at interpreter
-        # exit (modules torn down) printed "Exception ignored ... TypeError" (vLLM 0.32)
-        del engine

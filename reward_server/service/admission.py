@@ -222,7 +222,7 @@ class Admission:
         (bench/faults.py). One kept out only by large bodies' estimates: a body holds the room
         left whatever the limit, so counted, each window of them grew it by a quarter
         (bench/faults.py's overload, after attacks A and 3b-3d, began at 8,363 and 12,041
-        judgments in two full runs; 746 in the first run without it)."""
+        judgments in two full runs; at 746 and 512 in two full runs with this rule)."""
         if self.cap_judgments is not None and self.judgments + usual > self.cap_judgments:
             return True
         return bool(self.estimated) and self._fits(self.judgments - self.estimated, usual)
