@@ -9,28 +9,14 @@ runs, alone). Otherwise it is refused with :class:`~reward_server.errors.Overloa
 average), jittered, between 50 ms and 5 s, and later when many were refused before it: a virtual
 line paced by the calls completing (:class:`~reward_server.service._limiter.RetryLine`).
 
-**The limits follow the engines** (``adaptive``, the default): by Little's law the work in flight
-is throughput times latency, so the judgment limit is the measured throughput (an EWMA of the
-judgments admitted calls complete per busy second) times the latency target
-(``target_p99_s``; None: twice the latency of a usual call admitted alone, measured per call
-size: :class:`~reward_server.service._limiter.AloneLatency`), divided by
-:data:`P99_OVER_MEAN` because the target is a p99 and the law gives a mean; the call limit the
-same with calls per second. Each stays between a floor (one full batch of every engine; a few calls)
-and the configured caps. When the engines are
-faster than the work admitted, latency stays under the target and the limit grows with the
-throughput it measures; when they slow down, it shrinks. A limit that held nothing back in a
-window comes down to :data:`UNUSED` times the most held in it (room nobody asked for; the
-judgment limit only: the call limit's floor is a few calls), and the
-rates restart when the calls' mean size changes :data:`RATE_SIZE_CHANGE`-fold. It does not grow while the event loop
-is saturated (:data:`SATURATED`): gRPC's Python server accepts one call per turn of the loop,
-so calls then wait in the transport, before the handler where latency is measured
-(:class:`~reward_server.service._limiter.LoopLoad`), for calls that take at least
-:data:`SHED_MIN_ALONE_S` alone. Saturated and refusing calls for lack of room (overloaded:
-a loop merely busy with the callers' own work, as in a test, refuses nothing at the floor), the
-judgment limit goes to Little's law, under its floor down to one usual call, and stays under
-it while calls are still refused and the loop stays over :data:`SHED_RELEASE` (shedding itself
-lowers the loop's load); with the loop under that, or nothing refused, it returns to the floor at
-once. Saturated without refusals it is held where it is.
+**The limits follow the engines** (``adaptive``, the default): the judgment limit is the
+measured throughput times the latency target (``target_p99_s``; None: twice the latency of a
+usual call admitted alone, measured per call size:
+:class:`~reward_server.service._limiter.AloneLatency`) by Little's law, the call limit the same
+with calls per second, each between a floor (one full batch of every engine; a few calls) and
+the configured caps, resized every :data:`~reward_server.service._sizing.WINDOW_S` by
+:mod:`reward_server.service._sizing` (which also says when the judgment limit sheds under its
+floor: a saturated event loop that refuses calls).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -65,35 +51,17 @@ from types import TracebackType
 
 from reward_server import metrics
 from reward_server.errors import Overloaded
-from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window, between
+from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window
+from reward_server.service._sizing import WINDOW_S, Range, Rates, new_limits
 from reward_server.service.settings import AdmissionSettings
 
 _RETRY_MIN_S = 0.05
 _RETRY_MAX_S = 5.0
 _EWMA = 0.2
-_RATE_EWMA = 0.5  # throughput: quick, so the limit grows within seconds when the engines can
-WINDOW_S = 0.5  # the throughput is measured over windows of this length ...
-_MIN_BUSY = 0.2  # ... in which work was in flight at least this fraction of the time
-P99_OVER_MEAN = 1.5  # latency target (a p99) over the mean latency Little's law sizes for
 _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alone
 # refused callers are told to come back this fast per completed call (bench/faults.py at 8x:
 # 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
 RETRIES_PER_COMPLETED = 0.5
-SATURATED = 0.85  # the event loop's CPU share past which the judgment limit does not grow ...
-# ... and once under its floor (shedding), the share it stays there above while calls are still
-# refused: shedding lowers the loop's load, and with one threshold the limit went back to the
-# floor in the next window and under it in the one after (bench/faults.py at 8x, a log of each
-# resize: loop CPU 0.77-0.98, the limit 512, 174, 160, 512, 193, 186, 512)
-SHED_RELEASE = 0.6
-# a window in which no call was held back for a limit brings that limit down to this many times
-# the most held at once in it (never under its floor): bench/faults.py's overload after the large
-# requests (3a) began with the limit at its cap, 32,768, and admitted the whole burst
-UNUSED = 2
-# a window whose calls average this many times more (or fewer) judgments than those the rates
-# were measured on restarts them: after attack 3a's large calls the inflated judgments per second
-# kept Little's law over the small calls' limit for seconds (bench/faults.py --only big, then an
-# overload: the shed limit 512, 395, 361, 346, 321, 297, 272 a window apart)
-RATE_SIZE_CHANGE = 4.0
 # a body holds its estimated judgments (its size over the admitted calls' bytes per judgment)
 # before it is parsed only when that is at least this many usual calls; a body about the usual
 # size holds a usual call's. The bytes per judgment vary from call to call by a few per cent (ids
@@ -102,11 +70,6 @@ RATE_SIZE_CHANGE = 4.0
 # refusal on a saturated loop shed the limit (bench/microbatch.py: 4 runs of 8 went so, each
 # starting with that refusal; 171-333 refusals, 4,753-5,809 items/s against 6,447-8,054)
 LARGE_BODY = 2.0
-SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refusal costs the loop
-# about 1-2 ms: refusing calls cheaper than a few refusals moves their cost, it does not shed it).
-# 3 ms was tried twice (bench/faults.py --only overload, 128-judgment calls of ~5 ms alone):
-# with the call-state cycles gone, three interleaved runs each served 649-748 calls at 2x
-# overload against 884-928 at 5 ms, with no lower p99 (24.5-42.6 ms against 11.5-36.8)
 
 
 class Admission:
@@ -148,9 +111,7 @@ class Admission:
         self._call_judgments = 0.0  # moving average of admitted calls' judgments
         self._bytes_per_judgment = 0.0  # moving average over admitted calls (0: none yet)
         self._alone = AloneLatency(_EWMA)  # calls' latency alone, by size
-        self.judgments_per_s: float | None = None  # throughput per busy second (EWMA)
-        self.calls_per_s: float | None = None
-        self._rate_size = 0.0  # the mean call size (judgments) of the window the rates restarted in
+        self._rates = Rates()
         self._clock = clock
         self._admitted = 0  # calls admitted so far
         self._window = Window(clock())
@@ -423,73 +384,34 @@ class Admission:
                 self._resize(now)
         self._wake()
 
+    @property
+    def judgments_per_s(self) -> float | None:
+        """Judgments completed per busy second (EWMA; None: not measured yet)."""
+        return self._rates.judgments_per_s
+
+    @property
+    def calls_per_s(self) -> float | None:
+        """Calls completed per busy second (EWMA; None: not measured yet)."""
+        return self._rates.calls_per_s
+
     def _resize(self, now: float) -> None:
-        """End a throughput window: update the rates and, if adaptive, the limits. Under the
-        target (the window's mean latency times P99_OVER_MEAN) a limit that held calls back grows
-        by a quarter, probing for what the engines can do at once; over it, each limit is set to
-        Little's law: throughput x target / P99_OVER_MEAN."""
+        """End a throughput window: update the rates and, if adaptive, the limits
+        (:func:`~reward_server.service._sizing.new_limits`)."""
         w = self._window
         busy = w.busy_s + (now - w.busy_since if self.calls else 0.0)
-        if busy >= _MIN_BUSY * (now - w.start) and w.calls:
-            size = w.judgments / w.calls
-            # calls of another size: the old rate is not theirs (a call of 65,536 judgments
-            # runs at several times the judgments per second of one of 128), so not blended in
-            fresh = not self._rate_size or not 1 / RATE_SIZE_CHANGE < size / self._rate_size < RATE_SIZE_CHANGE
-            if fresh:
-                self._rate_size = max(size, 1.0)
-            for name, rate in (("judgments_per_s", w.judgments / busy),
-                               ("calls_per_s", w.calls / busy)):
-                old = getattr(self, name)
-                setattr(self, name, rate if old is None or fresh else old + _RATE_EWMA * (rate - old))
+        self._rates.update(w, busy_s=busy, span_s=now - w.start)
         self._window = Window(now, busy_since=now)
         self._window.held(self.judgments)
         self.loop_busy = self._loop_load.sample(now)
         target = self.target()
         if not self.adaptive or target is None or not w.calls or self.judgments_per_s is None:
             return
-        assert self.calls_per_s is not None and self.max_judgments is not None
-        assert self.max_calls is not None
-        # under the target, and the event loop has room to accept more calls (saturated, calls
-        # wait in the transport, unseen by the latency measured here)
-        # the loop's load, counted only for calls long enough alone to be worth shedding
-        loop = self.loop_busy if (self.alone_s or 0.0) >= SHED_MIN_ALONE_S else None
-        saturated = loop is not None and loop >= SATURATED
-        fast = w.took_s / w.calls * P99_OVER_MEAN <= target
-        usual = max(1, self._usual())
-        # overloaded, not just busy: saturated AND calls refused for lack of room (a loop
-        # busy with the callers' own work, as in a test, refuses nothing at the floor). Only
-        # then may the judgment limit go under its floor, to Little's law down to one usual
-        # call: with the ingress the bottleneck a fuller engine batch buys nothing, and every
-        # call admitted beyond that only waits. Back at the floor at once when the loop is
-        # under SHED_RELEASE or nothing was refused (between it and SATURATED: held under it).
-        threshold = SHED_RELEASE if self.max_judgments < self.min_judgments else SATURATED
-        shed = loop is not None and loop >= threshold and sum(w.short.values()) > 0
-        limits = []
-        for limit, rate, short, step, lo, hi, grow, shedding, peak in (
-            (self.max_judgments, self.judgments_per_s, w.short["judgments"], usual,
-             min(usual, self.min_judgments) if shed else self.min_judgments,
-             self.cap_judgments, not saturated, shed, w.peak_judgments),
-            # the call limit keeps what it grew to: its floor is a few calls, and a trainer's
-            # per-sample callers come in bursts (a step's rollouts) that would meet it each time
-            (self.max_calls, self.calls_per_s, w.short["calls"], 1, self.min_calls,
-             self.cap_calls, True, False, None),
-        ):
-            little = rate * target / P99_OVER_MEAN
-            if shedding:  # the judgment limit only
-                new = between(min(little, limit), lo, hi)
-            elif fast and short and grow:  # more was asked than the limit let in, latency allows
-                new = between(max(little, limit + max(step, limit / 4)), lo, hi)
-            elif fast:  # saturated but nothing refused: held where it is (shrinking it on a
-                new = max(limit, lo)  # loop busy with the callers' own work refused
-            else:  # a second concurrent call)
-                new = between(min(little, limit), lo, hi)
-            if peak is not None and not short and new > UNUSED * peak:
-                # room nobody asked for: down to what was used, so that a limit grown on other
-                # work (a few calls of 65,536 judgments, run alone, set the target to seconds and
-                # the limit to its cap) does not admit the next burst of small calls unbounded
-                new = between(UNUSED * peak, lo, hi)
-            limits.append(new)
-        self.max_judgments, self.max_calls = limits
+        assert self.max_judgments is not None and self.max_calls is not None
+        self.max_judgments, self.max_calls = new_limits(
+            w, limits=(self.max_judgments, self.max_calls), rates=self._rates, target_s=target,
+            loop_busy=self.loop_busy, alone_s=self.alone_s, usual=self._usual(),
+            judgments=Range(self.min_judgments, self.cap_judgments),
+            calls=Range(self.min_calls, self.cap_calls))
         metrics.set_admission_limits(self.max_judgments, self.max_calls)
 
 
