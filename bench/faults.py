@@ -929,6 +929,13 @@ async def big_requests(s: Server, caller: Caller) -> None:
             p.outcome = f"{dict(p.codes)} in {ms(p.served + p.refused, 1.0)} ms at most ({len(body) / 1e6:.1f} MB)"
 
 
+async def watch_limit(metrics_port: int, fallback: int, seen: list[int]) -> None:
+    """Append the judgment limit to ``seen`` every 0.25 s until cancelled (a window is 0.5 s)."""
+    while True:
+        seen.append(await asyncio.to_thread(limit_now, metrics_port, fallback))
+        await asyncio.sleep(0.25)
+
+
 async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespace) -> Phase:
     # args.limit: the configured limit (adaptive: its floor, from Info), the level an adaptive
     # limit starts from and returns to once the overload ends. Overload is counted from it, not
@@ -942,13 +949,19 @@ async def overload(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
             ok_before = await asyncio.to_thread(server_latency, s.metrics_port, "OK")
             at_start = await asyncio.to_thread(limit_now, s.metrics_port, args.limit)
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port)
+            seen: list[int] = []  # the limit while the loops run: "at the end" is read after
+            # they stop, when an unloaded server's limit is back at its floor within a window
+            watch = asyncio.create_task(watch_limit(s.metrics_port, args.limit, seen))
             await closed_loop(caller, std, loops, args.seconds, p, steady=p.steady)
+            watch.cancel()
             after = await asyncio.to_thread(server_latency, s.metrics_port, "RESOURCE_EXHAUSTED")
             ok_after = await asyncio.to_thread(server_latency, s.metrics_port, "OK")
             stages = await asyncio.to_thread(refusal_stages, s.metrics_port) - stages
             p.server_refusal_p99 = bucket_p99(before, after)
             shed = await asyncio.to_thread(limit_now, s.metrics_port, args.limit)
-            p.outcome = (f"{dict(p.codes)}; refused {dict(stages)}; judgment limit at the start {at_start}, at the end "
+            during = f"{min(seen)}-{max(seen)}" if seen else "not read"
+            p.outcome = (f"{dict(p.codes)}; refused {dict(stages)}; judgment limit at the start {at_start}, "
+                         f"during the load {during} (read every 0.25 s), at the end "
                          f"{shed}; server-side refusal p99 "
                          f"{p.server_refusal_p99}; server-side served p99 "
                          f"{bucket_p99(ok_before, ok_after)}; served p99 without the first 0.5 s (all "
