@@ -100,9 +100,8 @@ def new_limits(
     Little's law: throughput x target / P99_OVER_MEAN."""
     assert rates.judgments_per_s is not None and rates.calls_per_s is not None
     max_judgments = limits[0]
-    # under the target, and the event loop has room to accept more calls (saturated, calls
-    # wait in the transport, unseen by the latency measured here)
-    # the loop's load, counted only for calls long enough alone to be worth shedding
+    # the loop's load, counted only for calls long enough alone to be worth shedding; saturated,
+    # calls wait in the transport, unseen by the latency measured here
     loop = loop_busy if (alone_s or 0.0) >= SHED_MIN_ALONE_S else None
     saturated = loop is not None and loop >= SATURATED
     fast = w.took_s / w.calls * P99_OVER_MEAN <= target_s
