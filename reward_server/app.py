@@ -65,6 +65,7 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         admission=admission_for(
             config.service.admission, engine_batch_items=engine_batch_items(config)
         ),
+        engine_batch_items=engine_batch_items(config),
     )
 
 

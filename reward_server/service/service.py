@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from reward_server import API_VERSION, __version__, components, cooperative, kinds, nli, rubric
 from reward_server import domain as d
@@ -36,6 +36,10 @@ __all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for", "weigh
 
 logger = logging.getLogger(__name__)
 DEFAULT_ENGINE_BATCH_ITEMS = 512  # judge + NLI batching.max_items at their defaults
+# service.call_judgments_in_flight None: this many full engine batches. Enough that the engines
+# never wait for a large call's next items; all of a 65,536-judgment call at once left the
+# server's RSS 15 MB higher after it (docs/operations.md)
+CALL_WINDOW_BATCHES = 4
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -62,7 +66,10 @@ class RewardService:
         nli_settings: NLISettings | None = None,
         fake_engines: bool = False,
         admission: Admission | None = None,
+        engine_batch_items: int = DEFAULT_ENGINE_BATCH_ITEMS,
     ) -> None:
+        """``engine_batch_items``: the items one full batch of every engine replica holds
+        (sizes the default admission and ``call_judgments_in_flight``)."""
         self.judge = judge
         self.nli = nli
         self.settings = settings or ServiceSettings()
@@ -71,7 +78,10 @@ class RewardService:
         self.fake_engines = fake_engines
         self.validator = Validator(self.settings.limits, self.rubric, self.nlicv)
         self.admission = admission or admission_for(
-            self.settings.admission, engine_batch_items=DEFAULT_ENGINE_BATCH_ITEMS
+            self.settings.admission, engine_batch_items=engine_batch_items
+        )
+        self.call_window = (
+            self.settings.call_judgments_in_flight or CALL_WINDOW_BATCHES * engine_batch_items
         )
 
     @contextlib.contextmanager
@@ -107,7 +117,7 @@ class RewardService:
         with self._admitted(ticket, batch.judgments):
             try:
                 async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch
-                    tasks = [tg.create_task(self._score_item(item)) for item in batch.items]
+                    tasks = await self._start_items(tg, batch)
             except BaseExceptionGroup as group:
                 raise _first_leaf(group) from None
         if any(t.cancelled() for t in tasks):  # an engine cancelled our call (replica gone?)
@@ -116,6 +126,34 @@ class RewardService:
                 "down?); retry the call"
             )
         return [t.result() for t in tasks]
+
+    async def _start_items(
+        self, tg: asyncio.TaskGroup, batch: ValidatedBatch
+    ) -> list[asyncio.Task[d.ItemResult]]:
+        """Start the items of ``batch`` in ``tg``, in order, each once the batch's judgments in
+        flight leave it room within :attr:`call_window` (one larger than that starts alone)."""
+        if batch.judgments <= self.call_window:
+            return [tg.create_task(self._score_item(item)) for item in batch.items]
+        tasks: list[asyncio.Task[d.ItemResult]] = []
+        flying = 0
+        room = asyncio.Event()
+
+        def finished(n: int) -> Callable[[object], None]:
+            def done(_: object) -> None:
+                nonlocal flying
+                flying -= n
+                room.set()
+            return done
+
+        for item, n in zip(batch.items, batch.item_judgments, strict=True):
+            while flying and flying + n > self.call_window:
+                room.clear()
+                await room.wait()  # a failed item cancels this wait with the rest of tg
+            task = tg.create_task(self._score_item(item))
+            flying += n
+            task.add_done_callback(finished(n))
+            tasks.append(task)
+        return tasks
 
     async def leaf(self, spec: d.LeafSpec) -> d.RewardOutcome:
         """The outcome of one leaf spec: its kind's score, or the penalty when the policy's

@@ -73,3 +73,10 @@ class ServiceSettings(BaseModel):
     )
     limits: Limits = Field(default_factory=Limits)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    call_judgments_in_flight: int | None = Field(
+        None, ge=1, description="A Score call's items start in order as its earlier items "
+        "finish, with at most this many of its judgments in flight (an item with more starts "
+        "alone), so a large call's prompts and engine results exist a window at a time. "
+        "None: 4 full batches of every engine (their batching.max_items, summed over the judge "
+        "and a separate NLI engine, times their replicas on Ray)."
+    )

@@ -217,6 +217,7 @@ class ValidatedBatch:
 
     items: tuple[d.ScoreItem, ...]
     judgments: int
+    item_judgments: tuple[int, ...]  # each item's, in order (they sum to ``judgments``)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ class BatchCheck:
         self._validator = validator
         self._seen: dict[str, int] = {}
         self._judgments = 0
+        self._per_item: list[int] = []
         self._count: int | None = None
         self.max_items = validator.limits.max_batch_items
         self.max_item_bytes = validator.limits.max_item_bytes
@@ -244,9 +246,12 @@ class BatchCheck:
     def size(self, n: int) -> None:
         self._validator.batch_size(n)
         self._count = n
+        self._per_item = [0] * n
 
     def item(self, item: d.ScoreItem, index: int) -> None:
-        self._judgments += self._validator.item(item, index, self._seen)
+        n = self._validator.item(item, index, self._seen)
+        self._per_item[index] = n
+        self._judgments += n
 
     def entries(self, n: int, name: str, where: str) -> None:
         self._validator.count(n, name, where)
@@ -254,4 +259,5 @@ class BatchCheck:
     def done(self, items: Sequence[d.ScoreItem]) -> ValidatedBatch:
         if self._count != len(items) or len(self._seen) != len(items):
             raise RuntimeError("BatchCheck.done: not every item of the batch was checked")
-        return ValidatedBatch(tuple(items), self._validator.total(self._judgments, "items"))
+        total = self._validator.total(self._judgments, "items")
+        return ValidatedBatch(tuple(items), total, tuple(self._per_item))

@@ -87,3 +87,10 @@ def test_info_serves_every_kind_with_meanings(kind: RewardKind) -> None:
     served = c.info()[kind.value]
     assert [x.name for x in served] == [x.name for x in c.COMPONENTS[kind]]
     assert all(x.meaning for x in served)
+
+
+def test_an_indexed_familys_names_are_shared_not_rebuilt_per_result() -> None:
+    from reward_server.components import RubricScore
+
+    assert RubricScore.P_YES.at(3) == "p_yes.3" and RubricScore.P_YES.at(3) is RubricScore.P_YES.at(3)
+    assert RubricScore.P_YES.at(100_000) == "p_yes.100000"  # past the shared ones: built

@@ -3,8 +3,13 @@ Info from the service's settings and the engines."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
 import pytest
 
+from reward_server.backends.base import JudgePrompt
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.domain import (
     HistoryItem,
@@ -18,7 +23,7 @@ from reward_server.domain import (
     WeightedPart,
     WeightedSpec,
 )
-from reward_server.errors import InvalidRequest
+from reward_server.errors import EngineError, InvalidRequest
 from reward_server.service import Limits, RewardService, ServiceSettings, weighted_mean
 
 RULE = 'The text uses the word "alpha".'
@@ -161,3 +166,61 @@ async def test_a_history_over_its_limit_is_refused_before_it_is_converted(weight
     with pytest.raises(InvalidRequest, match=where + r"\.history: 5000 entries exceed "
                        r"service\.limits\.max_history_items=64"):
         await convert.score_items(raw, service().batch_check())
+
+
+class CountingJudge(FakeJudge):
+    """FakeJudge's answers, a moment late, counting the prompts in flight at once; a prompt
+    whose rule says "boom" fails its call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.most = self.calls = 0
+
+    async def p_yes(self, prompts: Sequence[JudgePrompt]) -> list[float]:
+        self.calls += 1
+        self.in_flight += len(prompts)
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(0.001)
+            if any("boom" in p.suffix for p in prompts):
+                raise EngineError("the judge failed on purpose")
+            return await super().p_yes(prompts)
+        finally:
+            self.in_flight -= len(prompts)
+
+
+def rubric_items(n: int, rules: int) -> list[ScoreItem]:
+    return [ScoreItem(f"i{i}", RubricScoreSpec("c", "alpha" if i % 2 else "beta",
+                                               tuple(f'The text uses the word "{w}".' for w in
+                                                     ("alpha", "beta", "gamma", "delta", "eps")[:rules])))
+            for i in range(n)]
+
+
+async def test_a_large_call_keeps_at_most_its_window_of_judgments_in_flight() -> None:
+    items = rubric_items(12, 3)  # 36 judgments, 3 per item
+    windowed, whole = CountingJudge(), CountingJudge()
+    small = RewardService(judge=windowed, nli=FakeNLI(), settings=ServiceSettings(call_judgments_in_flight=8))
+    big = RewardService(judge=whole, nli=FakeNLI())
+    got = await score(small, items)
+    assert [r.item_id for r in got] == [i.item_id for i in items]  # in order
+    assert got == [dataclasses.replace(r, timings_ms=g.timings_ms)
+                   for r, g in zip(await score(big, items), got, strict=True)]
+    assert windowed.most == 6  # two items of 3: a third would make 9 > 8
+    assert whole.most == 36  # the default window (4 x 512) holds the whole call
+
+
+async def test_an_item_larger_than_the_window_runs_alone() -> None:
+    judge = CountingJudge()
+    s = RewardService(judge=judge, nli=FakeNLI(), settings=ServiceSettings(call_judgments_in_flight=2))
+    got = await score(s, rubric_items(4, 5))
+    assert judge.most == 5 and len(got) == 4 and all(r.status is ItemStatus.OK for r in got)
+
+
+async def test_a_failed_item_in_a_windowed_call_stops_the_items_not_yet_started() -> None:
+    judge = CountingJudge()
+    s = RewardService(judge=judge, nli=FakeNLI(), settings=ServiceSettings(call_judgments_in_flight=3))
+    items = rubric_items(10, 1)
+    items[1] = ScoreItem("bad", RubricScoreSpec("c", "alpha", ('The text says "boom".',)))
+    with pytest.raises(EngineError, match="on purpose"):
+        await score(s, items)
+    assert judge.calls < len(items) and judge.in_flight == 0
