@@ -9,7 +9,8 @@ latency stays under the target and a limit that held calls back grows by a quart
 slow down, it shrinks. A limit that held nothing back in a window comes down to :data:`UNUSED`
 times the most held in it (room nobody asked for; the judgment limit only: the call limit's
 floor is a few calls), and the rates restart when the calls' mean size changes
-:data:`RATE_SIZE_CHANGE`-fold.
+:data:`RATE_SIZE_CHANGE`-fold. A window too idle to measure the throughput in puts the judgment
+limit back at its floor.
 
 The judgment limit does not grow while the event loop is saturated (:data:`SATURATED`): gRPC's
 Python server accepts one call per turn of the loop, so calls then wait in the transport, before
@@ -63,11 +64,11 @@ class Rates:
         self.calls_per_s: float | None = None
         self._size = 0.0  # the mean call size (judgments) of the window the rates restarted in
 
-    def update(self, w: Window, *, busy_s: float, span_s: float) -> None:
+    def update(self, w: Window, *, busy_s: float, span_s: float) -> bool:
         """Blend in window ``w`` (``busy_s`` of its ``span_s`` with work in flight), if it was
-        busy enough and completed calls."""
+        busy enough and completed calls; whether it was."""
         if busy_s < _MIN_BUSY * span_s or not w.calls:
-            return
+            return False
         size = w.judgments / w.calls
         # calls of another size: the old rate is not theirs (a call of 65,536 judgments
         # runs at several times the judgments per second of one of 128), so not blended in
@@ -78,6 +79,7 @@ class Rates:
                            ("calls_per_s", w.calls / busy_s)):
             old = getattr(self, name)
             setattr(self, name, rate if old is None or fresh else old + _RATE_EWMA * (rate - old))
+        return True
 
 
 @dataclass(frozen=True)
@@ -88,18 +90,28 @@ class Range:
     cap: int | None
 
 
+# An idle window (work in flight less than _MIN_BUSY of its time) measures no throughput,
+# and Little's law with the rates of calls before it (of another size, or another load) kept a
+# limit grown on them: after attack 3's calls of 65,536 judgments and an idle while, one
+# refused call (with the loop 7 % busy) grew the limit 512 -> 1,024, and the 2x overload after
+# it began at 768 (3,884 in a full run) and admitted everything for its first window. Such a
+# window sets the judgment limit back to its floor; the next busy window sizes it again.
 def new_limits(
     w: Window, *, limits: tuple[int, int], rates: Rates, target_s: float, loop_busy: float | None,
-    alone_s: float | None, usual: int, judgments: Range, calls: Range,
+    alone_s: float | None, usual: int, judgments: Range, calls: Range, measured: bool = True,
 ) -> tuple[int, int]:
     """The (judgment, call) limits after window ``w``, from the ones in force (``limits``), the
     measured ``rates``, the latency target, the event loop's CPU share in the window
     (``loop_busy``) and a usual call's latency alone and size in judgments (``usual``). Under
     the target (the window's mean latency times P99_OVER_MEAN) a limit that held calls back grows
     by a quarter, probing for what the engines can do at once; over it, each limit is set to
-    Little's law: throughput x target / P99_OVER_MEAN."""
+    Little's law: throughput x target / P99_OVER_MEAN. A window too idle to measure the
+    throughput in (``measured`` False: ``rates`` are an earlier window's) puts the judgment
+    limit back at its floor (see the comment above)."""
     assert rates.judgments_per_s is not None and rates.calls_per_s is not None
     max_judgments = limits[0]
+    if not measured:
+        return judgments.floor, limits[1]
     # the loop's load, counted only for calls long enough alone to be worth shedding; saturated,
     # calls wait in the transport, unseen by the latency measured here
     loop = loop_busy if (alone_s or 0.0) >= SHED_MIN_ALONE_S else None

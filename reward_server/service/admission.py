@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -54,6 +55,8 @@ from reward_server.errors import Overloaded
 from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window
 from reward_server.service._sizing import WINDOW_S, Range, Rates, new_limits
 from reward_server.service.settings import AdmissionSettings
+
+logger = logging.getLogger(__name__)
 
 _RETRY_MIN_S = 0.05
 _RETRY_MAX_S = 5.0
@@ -399,7 +402,7 @@ class Admission:
         (:func:`~reward_server.service._sizing.new_limits`)."""
         w = self._window
         busy = w.busy_s + (now - w.busy_since if self.calls else 0.0)
-        self._rates.update(w, busy_s=busy, span_s=now - w.start)
+        measured = self._rates.update(w, busy_s=busy, span_s=now - w.start)
         self._window = Window(now, busy_since=now)
         self._window.held(self.judgments)
         self.loop_busy = self._loop_load.sample(now)
@@ -407,12 +410,21 @@ class Admission:
         if not self.adaptive or target is None or not w.calls or self.judgments_per_s is None:
             return
         assert self.max_judgments is not None and self.max_calls is not None
+        before = self.max_judgments, self.max_calls
         self.max_judgments, self.max_calls = new_limits(
             w, limits=(self.max_judgments, self.max_calls), rates=self._rates, target_s=target,
             loop_busy=self.loop_busy, alone_s=self.alone_s, usual=self._usual(),
             judgments=Range(self.min_judgments, self.cap_judgments),
-            calls=Range(self.min_calls, self.cap_calls))
+            calls=Range(self.min_calls, self.cap_calls), measured=measured)
         metrics.set_admission_limits(self.max_judgments, self.max_calls)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "admission window of %.2f s: %d calls, %d judgments, refused or kept waiting %s, "
+                "peak %d judgments, loop busy %s, rates %.0f judgments/s %.0f calls/s, target "
+                "%.1f ms; limits %s -> %s", now - w.start, w.calls, w.judgments, w.short,
+                w.peak_judgments, "?" if self.loop_busy is None else f"{self.loop_busy:.2f}",
+                self.judgments_per_s, self.calls_per_s or 0.0, 1000 * target, before,
+                (self.max_judgments, self.max_calls))
 
 
 class Ticket:

@@ -547,3 +547,25 @@ def test_the_throughput_restarts_when_the_calls_change_size() -> None:
     assert a.judgments_per_s == pytest.approx(128 / 0.005, rel=0.01)
     _load(a, clock, offered=1, seconds=0.6, took_s=lambda n: 0.004, judgments=128)
     assert 128 / 0.005 < a.judgments_per_s < 128 / 0.004  # the same size: blended
+
+
+def test_an_idle_window_puts_a_grown_limit_back_at_its_floor() -> None:
+    """A window with work in flight under a fifth of its time measures no throughput: the
+    judgment limit grown under earlier load goes back to its floor (the next burst sizes it
+    again), even if that window refused a call; the call limit keeps what it grew to."""
+    clock = Clock()
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=100, min_calls=2, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+    _load(a, clock, offered=40, seconds=10.0, took_s=batching)
+    grown, calls = a.max_judgments, a.max_calls
+    assert grown >= 400
+    clock.now += 2.0  # idle, but for a call refused: it did not fit beside another's
+    holder = a.enter()
+    holder.admit(grown)
+    with pytest.raises(Overloaded):
+        a.enter().admit(grown)
+    holder.release()  # ends the window: held for no time in 2 s
+    assert a.max_judgments == 100 and a.max_calls >= calls
+    admitted = _load(a, clock, offered=40, seconds=2.0, took_s=batching)  # grows again
+    assert a.max_judgments > 100 and max(admitted) > 1
