@@ -142,8 +142,15 @@ class Admission:
 
     def retry_after_s(self) -> float:
         """How long a refused caller should wait: about one call's duration (jittered), and
-        behind the callers refused before it (:class:`RetryLine`)."""
+        behind the callers refused before it (:class:`RetryLine`), spaced by the rate at which
+        calls of the usual size complete: the judgments per second over their judgments. (Not
+        the calls per second measured last: those may be of calls of another size. After
+        attack 3's calls of 65,536 judgments, 2 calls/s spaced the 2x overload's first refused
+        callers a second apart, and its 8 loops served fewer calls than one loop alone did;
+        bench/faults.py.)"""
         per_s = None if self.calls_per_s is None else self.calls_per_s * RETRIES_PER_COMPLETED
+        if self.judgments_per_s is not None and self._call_judgments >= 1:
+            per_s = self.judgments_per_s / self._call_judgments * RETRIES_PER_COMPLETED
         return self._line.hint(self._clock(), least_s=self._call_s * self._rng.uniform(0.5, 1.5),
                                per_s=per_s)
 

@@ -569,3 +569,33 @@ def test_an_idle_window_puts_a_grown_limit_back_at_its_floor() -> None:
     assert a.max_judgments == 100 and a.max_calls >= calls
     admitted = _load(a, clock, offered=40, seconds=2.0, took_s=batching)  # grows again
     assert a.max_judgments > 100 and max(admitted) > 1
+
+
+def test_refused_callers_are_spaced_by_calls_of_the_usual_size_not_by_earlier_larger_ones() -> None:
+    """After calls of 65,536 judgments (2 calls/s) and an idle while, calls of 128 come: the
+    refused ones are spaced by the rate at which calls of 128 complete (the judgments per
+    second over 128), not a second apart as the calls per second of the large ones would."""
+    clock = Clock()
+    a = Admission(max_judgments=100_000, max_bytes=None, max_calls=4096, adaptive=True,
+                  min_judgments=512, min_calls=16, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=2.0, took_s=lambda n: 0.5, judgments=65_536)
+    assert a.calls_per_s == pytest.approx(2, rel=0.01)
+    clock.now += 3.0
+    for _ in range(40):  # the usual call is now 128 judgments (measured on no busy window yet)
+        t = a.enter()
+        t.admit(128)
+        t.release()
+    assert a.calls_per_s == pytest.approx(2, rel=0.01)
+    held = [a.enter() for _ in range(4)]
+    for t in held:
+        t.admit(128)
+    hints = []
+    for _ in range(8):
+        with pytest.raises(Overloaded) as e:
+            a.enter().admit(128)
+        assert e.value.retry_after_s is not None
+        hints.append(e.value.retry_after_s)
+    assert a.judgments_per_s is not None
+    per_s = a.judgments_per_s / 128 * RETRIES_PER_COMPLETED
+    assert max(hints) - min(hints) == pytest.approx(7 / per_s, rel=0.2)
+    assert max(hints) < 0.1  # a second apart, the eighth would be told 7 s
