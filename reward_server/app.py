@@ -30,7 +30,7 @@ from reward_server.metrics import MetricsServer
 from reward_server.rpc.http import HttpDoor
 from reward_server.rpc.server import SHARE_PORT_HINT, RewardGrpcServer, create_server
 from reward_server.rpc.settings import host_port
-from reward_server.service import RewardService, admission_for
+from reward_server.service import RewardService
 from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
 
 logger = logging.getLogger(__name__)
@@ -62,9 +62,6 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         rubric_settings=config.rubric,
         nli_settings=config.nli,
         fake_engines=config.engines.fake,
-        admission=admission_for(
-            config.service.admission, engine_batch_items=engine_batch_items(config)
-        ),
         engine_batch_items=engine_batch_items(config),
     )
 

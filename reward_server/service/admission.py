@@ -148,9 +148,10 @@ class Admission:
         attack 3's calls of 65,536 judgments, 2 calls/s spaced the 2x overload's first refused
         callers a second apart, and its 8 loops served fewer calls than one loop alone did;
         bench/faults.py.)"""
-        per_s = None if self.calls_per_s is None else self.calls_per_s * RETRIES_PER_COMPLETED
         if self.judgments_per_s is not None and self._call_judgments >= 1:
-            per_s = self.judgments_per_s / self._call_judgments * RETRIES_PER_COMPLETED
+            per_s: float | None = self.judgments_per_s / self._call_judgments * RETRIES_PER_COMPLETED
+        else:
+            per_s = None if self.calls_per_s is None else self.calls_per_s * RETRIES_PER_COMPLETED
         return self._line.hint(self._clock(), least_s=self._call_s * self._rng.uniform(0.5, 1.5),
                                per_s=per_s)
 

@@ -237,7 +237,6 @@ class BatchCheck:
     def __init__(self, validator: Validator) -> None:
         self._validator = validator
         self._seen: dict[str, int] = {}
-        self._judgments = 0
         self._per_item: list[int] = []
         self._count: int | None = None
         self.max_items = validator.limits.max_batch_items
@@ -249,9 +248,7 @@ class BatchCheck:
         self._per_item = [0] * n
 
     def item(self, item: d.ScoreItem, index: int) -> None:
-        n = self._validator.item(item, index, self._seen)
-        self._per_item[index] = n
-        self._judgments += n
+        self._per_item[index] = self._validator.item(item, index, self._seen)
 
     def entries(self, n: int, name: str, where: str) -> None:
         self._validator.count(n, name, where)
@@ -259,5 +256,5 @@ class BatchCheck:
     def done(self, items: Sequence[d.ScoreItem]) -> ValidatedBatch:
         if self._count != len(items) or len(self._seen) != len(items):
             raise RuntimeError("BatchCheck.done: not every item of the batch was checked")
-        total = self._validator.total(self._judgments, "items")
+        total = self._validator.total(sum(self._per_item), "items")
         return ValidatedBatch(tuple(items), total, tuple(self._per_item))

@@ -516,17 +516,24 @@ def test_calls_kept_out_by_large_bodies_estimates_do_not_grow_the_limit() -> Non
     assert a.max_judgments == 512 and a.estimated == 0
 
 
+def _grown(clock: Clock) -> Admission:
+    """An adaptive admission (floors 100 judgments, 2 calls) grown under load: 40 calls
+    offered to an engine that batches."""
+    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
+                  min_judgments=100, min_calls=2, clock=clock, seed=0)
+    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
+    _load(a, clock, offered=40, seconds=10.0, took_s=batching)
+    assert a.max_judgments >= 400
+    return a
+
+
 def test_a_limit_nobody_uses_comes_down_to_what_is_used() -> None:
     """Grown under load (40 calls offered, an engine that batches), the judgment limit comes
     down once one call at a time is all that comes: twice the most held at once, never under
     its floor; the call limit keeps what it grew to (per-sample callers come in bursts)."""
     clock = Clock()
-    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
-                  min_judgments=100, min_calls=2, clock=clock, seed=0)
-    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
-    _load(a, clock, offered=40, seconds=10.0, took_s=batching)
-    grown, calls = a.max_judgments, a.max_calls
-    assert grown >= 400
+    a = _grown(clock)
+    calls = a.max_calls
     _load(a, clock, offered=1, seconds=1.5, took_s=batching, judgments=60)
     assert a.max_judgments == 120  # 2 x 60
     _load(a, clock, offered=1, seconds=1.5, took_s=batching, judgments=30)
@@ -554,12 +561,8 @@ def test_an_idle_window_puts_a_grown_limit_back_at_its_floor() -> None:
     judgment limit grown under earlier load goes back to its floor (the next burst sizes it
     again), even if that window refused a call; the call limit keeps what it grew to."""
     clock = Clock()
-    a = Admission(max_judgments=10_000, max_bytes=None, max_calls=1000, adaptive=True,
-                  min_judgments=100, min_calls=2, clock=clock, seed=0)
-    _load(a, clock, offered=1, seconds=1.0, took_s=batching)
-    _load(a, clock, offered=40, seconds=10.0, took_s=batching)
+    a = _grown(clock)
     grown, calls = a.max_judgments, a.max_calls
-    assert grown >= 400
     clock.now += 2.0  # idle, but for a call refused: it did not fit beside another's
     holder = a.enter()
     holder.admit(grown)
