@@ -602,3 +602,27 @@ def test_refused_callers_are_spaced_by_calls_of_the_usual_size_not_by_earlier_la
     per_s = a.judgments_per_s / 128 * RETRIES_PER_COMPLETED
     assert max(hints) - min(hints) == pytest.approx(7 / per_s, rel=0.2)
     assert max(hints) < 0.1  # a second apart, the eighth would be told 7 s
+
+
+def test_a_few_very_large_calls_do_not_make_the_usual_call_large() -> None:
+    """Three calls of 65,536 judgments among calls of 128, then a few of 4 (bench/faults.py's
+    attack 3a and its victim): calls of 128 are still read four at a time under the floor of 512.
+    A linear average of the sizes made the usual call thousands of judgments, so each arriving call
+    was held as a whole floor's worth before it was read, and the second was refused unread."""
+    clock = Clock()
+    a = Admission(max_judgments=100_000, max_bytes=None, max_calls=4096, adaptive=True,
+                  min_judgments=512, min_calls=16, clock=clock, seed=0)
+    for size in [128] * 20 + [65_536] * 3 + [4] * 5:
+        t = a.enter()
+        t.admit(size)
+        clock.now += 0.001
+        t.release()
+    assert a.max_judgments == 512
+    held = []
+    for _ in range(4):
+        t = a.enter()  # not refused before its request is read
+        t.add_bytes(6_000)
+        held.append(t)
+    for t in held:
+        t.admit(128)
+    assert a.judgments == 512 and a.refused == 0
