@@ -12,7 +12,15 @@ fake engines) calls :func:`turn` between units of work:
   iteration, so between two slices the loop polls its sockets and answers other calls.
 
 So the work done through :func:`turn` in one iteration is about one slice, however many tasks
-want to run, and each task still makes progress in arrival order. ``urgent`` waiters (reading
+want to run, and each task still makes progress in arrival order. Between two slices the loop
+also turns ``IDLE_TURNS`` times with no slice: work that advances one callback per iteration
+gets through meanwhile. gRPC's server is such work: it takes each new call from its core in a
+chain of about five loop iterations (the request's future, its task, ``asyncio.wait``, the
+serving loop), so with a slice in every iteration it took a call every 4-5 ms on a busy loop,
+about as fast as it finished one. A burst then waited in gRPC's queue, where admission cannot
+see it: 32 calls sent at once were served one after another in 23-232 ms, and none refused
+(bench/faults.py's 8x overload: admitted p99 239-251 ms; with the idle turns 62-90 ms, in
+interleaved runs). ``urgent`` waiters (reading
 new requests, so that admission control can refuse them quickly, and finishing responses, which
 frees capacity) go before the others (fanning out admitted work, the engines).
 """
@@ -26,6 +34,9 @@ import weakref
 from collections import deque
 
 SLICE_S = 0.002  # CPU time one holder may use before the loop polls its sockets again
+# loop iterations with no slice between two slices (8: 2x overload p99 45-54 ms, 32 and 64:
+# 63-69 ms and a slower unloaded call; 16: 28-39 ms; bench/faults.py --only overload)
+IDLE_TURNS = 16
 _MAX_WAKE = 64
 _Waiter = tuple[int, "asyncio.Task[object] | None", "asyncio.Future[None]"]
 
@@ -41,9 +52,12 @@ class Turnstile:
     gRPC's sockets) was paid per unit (issue 24: throughput fell past concurrency 64).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, slice_s: float = SLICE_S) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, slice_s: float = SLICE_S,
+                 idle_turns: int = IDLE_TURNS) -> None:
         self._loop = loop
         self._slice_s = slice_s
+        self._idle_turns = idle_turns
+        self._idle_left = 0  # iterations still to pass before the next slice
         self._holders: set[asyncio.Task[object] | None] = set()
         self._slice_start = 0.0
         self._fresh = False  # woken holders have not started the slice's clock yet
@@ -110,6 +124,11 @@ class Turnstile:
             self._checked = self._release_scheduled = True
             self._loop.call_soon(self._release)
             return
+        if self._idle_left > 0 and (self._again or self._urgent or self._waiters):
+            self._idle_left -= 1  # an iteration with no slice (IDLE_TURNS)
+            self._release_scheduled = True
+            self._loop.call_soon(self._release)
+            return
         self._checked = self._fresh = False
         self._holders.clear()
         if self._ran_out:
@@ -127,6 +146,7 @@ class Turnstile:
                 fut.set_result(None)
                 n += 1
         if n:
+            self._idle_left = self._idle_turns
             self._fresh = self._release_scheduled = True
             self._loop.call_soon(self._release)  # checks, next iteration, that they have run
 
