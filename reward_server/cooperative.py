@@ -12,15 +12,18 @@ fake engines) calls :func:`turn` between units of work:
   iteration, so between two slices the loop polls its sockets and answers other calls.
 
 So the work done through :func:`turn` in one iteration is about one slice, however many tasks
-want to run, and each task still makes progress in arrival order. Between two slices the loop
-also turns ``IDLE_TURNS`` times with no slice: work that advances one callback per iteration
-gets through meanwhile. gRPC's server is such work: it takes each new call from its core in a
-chain of about five loop iterations (the request's future, its task, ``asyncio.wait``, the
-serving loop), so with a slice in every iteration it took a call every 4-5 ms on a busy loop,
-about as fast as it finished one. A burst then waited in gRPC's queue, where admission cannot
-see it: 32 calls sent at once were served one after another in 23-232 ms, and none refused
-(bench/faults.py's 8x overload: admitted p99 239-251 ms; with the idle turns 62-90 ms, in
-interleaved runs). ``urgent`` waiters (reading
+want to run, and each task still makes progress in arrival order.
+
+After a new call arrives (:func:`arrived`, called by the gRPC transport), the loop also turns
+``IDLE_TURNS`` times with no slice before the next slice, so that gRPC's server takes the next
+call at once if one is waiting. It takes each call from its core in a chain of about five loop
+iterations (the request's future, its task, ``asyncio.wait``, the serving loop), so with a slice
+in every iteration it took a call every 4-5 ms on a busy loop, about as fast as it finished one,
+and a burst waited in gRPC's queue, where admission cannot see it: 32 calls sent at once were
+served one after another in 23-232 ms, none refused (bench/faults.py's 8x overload: admitted
+p99 239-251 ms). Idle turns after every slice took it to 62-90 ms, but their CPU made a loop
+at the admission limit look saturated, and it shed; after arrivals only, see
+docs/performance.md. ``urgent`` waiters (reading
 new requests, so that admission control can refuse them quickly, and finishing responses, which
 frees capacity) go before the others (fanning out admitted work, the engines).
 """
@@ -34,8 +37,9 @@ import weakref
 from collections import deque
 
 SLICE_S = 0.002  # CPU time one holder may use before the loop polls its sockets again
-# loop iterations with no slice between two slices (8: 2x overload p99 45-54 ms, 32 and 64:
-# 63-69 ms and a slower unloaded call; 16: 28-39 ms; bench/faults.py --only overload)
+# loop iterations with no slice after a call arrives (after every slice, bench/faults.py --only
+# overload: 8 gave a 2x overload p99 of 45-54 ms, 32 and 64 63-69 ms and a slower unloaded call,
+# 16 28-39 ms)
 IDLE_TURNS = 16
 _MAX_WAKE = 64
 _Waiter = tuple[int, "asyncio.Task[object] | None", "asyncio.Future[None]"]
@@ -71,6 +75,10 @@ class Turnstile:
         self._wake = 1  # waiters woken per release (adaptive, 1.._MAX_WAKE)
         self._ran_out = False  # a holder of the current slice ran out of it
         self.waits = 0  # times a caller had to wait for a later iteration (tests, benchmarks)
+
+    def arrived(self) -> None:
+        """A new call arrived: the loop turns ``idle_turns`` times before the next slice."""
+        self._idle_left = self._idle_turns
 
     async def turn(self, *, urgent: bool = False) -> None:
         task = asyncio.current_task()
@@ -146,7 +154,6 @@ class Turnstile:
                 fut.set_result(None)
                 n += 1
         if n:
-            self._idle_left = self._idle_turns
             self._fresh = self._release_scheduled = True
             self._loop.call_soon(self._release)  # checks, next iteration, that they have run
 
@@ -163,6 +170,12 @@ def turnstile() -> Turnstile:
     if t is None:
         t = _TURNSTILES[loop] = Turnstile(loop)
     return t
+
+
+def arrived() -> None:
+    """A new call arrived (the gRPC transport): let the loop turn before the next slice, so that
+    gRPC takes the next waiting call at once (see the module doc)."""
+    turnstile().arrived()
 
 
 async def turn(*, urgent: bool = False) -> None:

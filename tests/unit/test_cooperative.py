@@ -164,13 +164,13 @@ async def test_waiters_requeued_for_a_spent_slice_share_the_next_one() -> None:
     assert max(per_iteration.values()) <= 3, per_iteration
 
 
-async def test_between_slices_the_loop_turns_so_that_chains_of_callbacks_get_through() -> None:
-    """Four tasks doing 2 ms units through the turnstile, and beside them a chain of six
-    callbacks that each wait one loop iteration (as gRPC's server does to take a new call). With
-    the idle turns the chain gets through within about one slice of work; with a slice in every
-    iteration it waited for one slice per link. Counted in units done, not timed."""
+async def test_after_an_arrival_the_loop_turns_so_that_chains_of_callbacks_get_through() -> None:
+    """Four tasks doing 2 ms units through the turnstile; a call arrives, and a chain of six
+    callbacks that each wait one loop iteration follows (as gRPC's server does to take the next
+    call). With the idle turns the chain gets through within about one slice of work; with a
+    slice in every iteration it waited for one slice per link. Counted in units done, not timed."""
 
-    async def run(ts: cooperative.Turnstile) -> int:
+    async def run(ts: cooperative.Turnstile, *, arrival: bool = True) -> int:
         done = 0
         stop = False
 
@@ -185,6 +185,8 @@ async def test_between_slices_the_loop_turns_so_that_chains_of_callbacks_get_thr
         for _ in range(10):  # every worker in line
             await asyncio.sleep(0)
         start = done
+        if arrival:
+            ts.arrived()
         for _ in range(6):
             await asyncio.sleep(0)
         during = done - start
@@ -195,5 +197,6 @@ async def test_between_slices_the_loop_turns_so_that_chains_of_callbacks_get_thr
     loop = asyncio.get_running_loop()
     with_idle = await run(cooperative.Turnstile(loop))
     without = await run(cooperative.Turnstile(loop, idle_turns=0))
+    no_arrival = await run(cooperative.Turnstile(loop), arrival=False)  # no turns spent then
     assert cooperative.IDLE_TURNS >= 6
-    assert with_idle <= 2 and without >= 5, (with_idle, without)
+    assert with_idle <= 2 and without >= 5 and no_arrival >= 5, (with_idle, without, no_arrival)
