@@ -12,18 +12,7 @@ fake engines) calls :func:`turn` between units of work:
   iteration, so between two slices the loop polls its sockets and answers other calls.
 
 So the work done through :func:`turn` in one iteration is about one slice, however many tasks
-want to run, and each task still makes progress in arrival order.
-
-After a new call arrives (:func:`arrived`, called by the gRPC transport), the loop also turns
-``IDLE_TURNS`` times with no slice before the next slice, so that gRPC's server takes the next
-call at once if one is waiting. It takes each call from its core in a chain of about five loop
-iterations (the request's future, its task, ``asyncio.wait``, the serving loop), so with a slice
-in every iteration it took a call every 4-5 ms on a busy loop, about as fast as it finished one,
-and a burst waited in gRPC's queue, where admission cannot see it: 32 calls sent at once were
-served one after another in 23-232 ms, none refused (bench/faults.py's 8x overload: admitted
-p99 239-251 ms). Idle turns after every slice took it to 62-90 ms, but their CPU made a loop
-at the admission limit look saturated, and it shed; after arrivals only, see
-docs/performance.md. ``urgent`` waiters (reading
+want to run, and each task still makes progress in arrival order. ``urgent`` waiters (reading
 new requests, so that admission control can refuse them quickly, and finishing responses, which
 frees capacity) go before the others (fanning out admitted work, the engines).
 """
@@ -37,10 +26,6 @@ import weakref
 from collections import deque
 
 SLICE_S = 0.002  # CPU time one holder may use before the loop polls its sockets again
-# loop iterations with no slice after a call arrives (after every slice, bench/faults.py --only
-# overload: 8 gave a 2x overload p99 of 45-54 ms, 32 and 64 63-69 ms and a slower unloaded call,
-# 16 28-39 ms)
-IDLE_TURNS = 16
 _MAX_WAKE = 64
 _Waiter = tuple[int, "asyncio.Task[object] | None", "asyncio.Future[None]"]
 
@@ -56,12 +41,9 @@ class Turnstile:
     gRPC's sockets) was paid per unit (issue 24: throughput fell past concurrency 64).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, slice_s: float = SLICE_S,
-                 idle_turns: int = IDLE_TURNS) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, slice_s: float = SLICE_S) -> None:
         self._loop = loop
         self._slice_s = slice_s
-        self._idle_turns = idle_turns
-        self._idle_left = 0  # iterations still to pass before the next slice
         self._holders: set[asyncio.Task[object] | None] = set()
         self._slice_start = 0.0
         self._fresh = False  # woken holders have not started the slice's clock yet
@@ -75,10 +57,6 @@ class Turnstile:
         self._wake = 1  # waiters woken per release (adaptive, 1.._MAX_WAKE)
         self._ran_out = False  # a holder of the current slice ran out of it
         self.waits = 0  # times a caller had to wait for a later iteration (tests, benchmarks)
-
-    def arrived(self) -> None:
-        """A new call arrived: the loop turns ``idle_turns`` times before the next slice."""
-        self._idle_left = self._idle_turns
 
     async def turn(self, *, urgent: bool = False) -> None:
         task = asyncio.current_task()
@@ -132,11 +110,6 @@ class Turnstile:
             self._checked = self._release_scheduled = True
             self._loop.call_soon(self._release)
             return
-        if self._idle_left > 0 and (self._again or self._urgent or self._waiters):
-            self._idle_left -= 1  # an iteration with no slice (IDLE_TURNS)
-            self._release_scheduled = True
-            self._loop.call_soon(self._release)
-            return
         self._checked = self._fresh = False
         self._holders.clear()
         if self._ran_out:
@@ -170,12 +143,6 @@ def turnstile() -> Turnstile:
     if t is None:
         t = _TURNSTILES[loop] = Turnstile(loop)
     return t
-
-
-def arrived() -> None:
-    """A new call arrived (the gRPC transport): let the loop turn before the next slice, so that
-    gRPC takes the next waiting call at once (see the module doc)."""
-    turnstile().arrived()
 
 
 async def turn(*, urgent: bool = False) -> None:

@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from reward_server import cooperative, metrics, tracing
 from reward_server import domain as d
+from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
 from reward_server.rpc import convert, wire
@@ -249,7 +249,6 @@ class RewardServicer:
                 logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
     async def _run(self, rpc: str, requests: Requests, context: Context) -> Any:
-        cooperative.arrived()  # gRPC takes the next waiting call before more work runs
         peer = context.peer()
         try:
             self.unsent.enter(peer)  # refused while this connection does not read
