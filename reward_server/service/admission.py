@@ -82,9 +82,9 @@ def _usual_size(usual: float, judgments: int) -> float:
     by a factor, not to their size. Averaged linearly, three calls of 65,536 judgments (attack 3a)
     among calls of 128 set it near 32,000, and the 4-judgment calls that followed for seconds left it
     in the thousands: the next calls of 128 were each held as a "usual" 512 before being read (so
-    one at a time under the floor of 512) and refused callers were spaced by calls of that size, a
-    fraction of a second apart; bench/faults.py's 2x overload after them served 74 calls in 3 s
-    where it served 448 without them."""
+    one at a time under the floor of 512) and refused callers were spaced by calls of that size;
+    bench/faults.py's 2x overload after them served 74, 305 and 331 calls in 3 s in three runs
+    (7-8 refused: the loops slept on long pushbacks), 316, 360 and 320 with this average."""
     size = math.log(max(judgments, 1))
     if not usual:
         return math.exp(size)
