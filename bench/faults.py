@@ -464,7 +464,7 @@ async def closed_loop(caller: Caller, raw: bytes, loops: int, seconds: float, p:
     get the latencies of the calls served / refused that started ``onset_s`` or more after the
     loops did (all loops start at once: the first calls of such a burst wait together in gRPC
     core's queue of calls the server has not taken yet, which the server takes about one per
-    five event-loop turns, docs/performance.md "A burst's first calls")."""
+    five event-loop turns, docs/performance.md, "Where the overload latency is")."""
     start = time.monotonic()
     end = start + seconds
 

@@ -45,7 +45,6 @@ import asyncio
 import heapq
 import itertools
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -85,10 +84,8 @@ def _usual_size(usual: float, judgments: int) -> float:
     one at a time under the floor of 512) and refused callers were spaced by calls of that size;
     bench/faults.py's 2x overload after them served 74, 305 and 331 calls in 3 s in three runs
     (7-8 refused: the loops slept on long pushbacks), 316, 360 and 320 with this average."""
-    size = math.log(max(judgments, 1))
-    if not usual:
-        return math.exp(size)
-    return math.exp(math.log(usual) + _EWMA * (size - math.log(usual)))
+    size = float(max(judgments, 1))
+    return usual ** (1 - _EWMA) * size ** _EWMA if usual else size
 
 
 class Admission:
