@@ -69,13 +69,17 @@ async def pattern(client: AsyncRewardClient, items: list[d.ScoreItem], callers: 
     bad = 0
     cpu, start = time.process_time(), time.perf_counter()
     rounds = 0
+    round_s: list[float] = []
     while not rounds or time.perf_counter() - start < min_s:
+        t0 = time.perf_counter()
         await asyncio.gather(*(caller(items[k::callers]) for k in range(callers)))
+        round_s.append(time.perf_counter() - t0)
         rounds += 1
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     n = rounds * len(items)
     return {"items_s": n / wall, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
-            "cpu_ms_item": 1000 * cpu / n, "bad": bad, "wall": wall, "items": n, "rounds": rounds}
+            "cpu_ms_item": 1000 * cpu / n, "bad": bad, "wall": wall, "items": n, "rounds": rounds,
+            "round_s": round_s}
 
 
 async def callers(args: argparse.Namespace) -> None:
@@ -169,7 +173,8 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
             print(f"{hosting:<16} micro-batching {mode:<3}  {row['items_s']:>8.0f} items/s   "
                   f"p50 {row['p50']:>7.1f} ms   p99 {row['p99']:>7.1f} ms   server CPU "
                   f"{row['server_ms_item']:.3f} ms/item   callers' CPU {row['cpu_ms_item']:.3f} ms/item"
-                  f"   wall {row['wall']:5.1f} s ({row['rounds']} x {n // row['rounds']} items)"
+                  f"   wall {row['wall']:5.1f} s ({row['rounds']} x {n // row['rounds']} items; rounds "
+                  f"{', '.join(f'{r:.2f}' for r in row['round_s'])} s)"
                   f"   failed/mismatched {row['bad']}"
                   + (f"   Score calls {sent} (incl. warm-up)" if sent is not None else "")
                   + f"   refused (RESOURCE_EXHAUSTED, retried) {row['refused']:.0f}"
