@@ -36,20 +36,26 @@ from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engin
 logger = logging.getLogger(__name__)
 
 
-def engine_batch_items(config: RewardServerConfig) -> int:
-    """Items one full batch of every engine replica holds: the judge's and a separate NLI
-    engine's ``batching.max_items``, times their most replicas on Ray (judge-as-NLI sends its
-    pairs to the judge). Sizes the default admission limit."""
-    total = 0
+def engine_batches(config: RewardServerConfig) -> tuple[int, int]:
+    """Items one full batch of every replica of the judge and of a separate NLI engine holds:
+    their ``batching.max_items`` times their most replicas on Ray (0 for an engine the config
+    does not name; judge-as-NLI sends its pairs to the judge). Sizes the default admission."""
+    out = []
     for name in ("judge", "nli"):
         engine = getattr(config.engines, name)
         if engine is None or isinstance(engine, JudgeNLISettings):
+            out.append(0)
             continue
         replicas = 1
         if config.serving.mode == "ray":
             replicas = getattr(config.serving.ray, name).max_replicas
-        total += engine.batching.max_items * replicas
-    return max(1, total)
+        out.append(engine.batching.max_items * replicas)
+    return out[0], out[1]
+
+
+def engine_batch_items(config: RewardServerConfig) -> int:
+    """Items one full batch of every engine replica holds (:func:`engine_batches`, summed)."""
+    return max(1, sum(engine_batches(config)))
 
 
 def build_service(config: RewardServerConfig, engines: Engines) -> RewardService:
@@ -63,6 +69,7 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         nli_settings=config.nli,
         fake_engines=config.engines.fake,
         engine_batch_items=engine_batch_items(config),
+        nli_batch_items=engine_batches(config)[1],
     )
 
 

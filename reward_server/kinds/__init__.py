@@ -19,9 +19,9 @@ from typing import Any
 
 from reward_server import domain as d
 from reward_server.kinds import nli_constraints, parl_reward, rubric_score, weighted
-from reward_server.kinds.base import Checks, Kind, Science
+from reward_server.kinds.base import Checks, Kind, Science, Work
 
-__all__ = ["KINDS", "Checks", "Kind", "Science", "of"]
+__all__ = ["KINDS", "Checks", "Kind", "Science", "Work", "of"]
 
 KINDS: Mapping[d.RewardKind, Kind[Any]] = {
     k.kind: k

@@ -4,7 +4,7 @@ A kind is a :class:`Kind`: its :class:`~reward_server.domain.RewardKind` (whose 
 ``oneof kind`` field of ``reward.v1.ScoreItem``, and the ``rpc`` layer's key for it), the
 domain spec it scores, its components (declared in :mod:`reward_server.components`), the spec
 field that carries the policy's response, how a request of it is validated and what it costs
-(judgments), and its score function. The service dispatches every item through
+(:class:`Work`: judge prompts and NLI pairs), and its score function. The service dispatches every item through
 :func:`reward_server.kinds.of`; it never names a kind itself.
 """
 
@@ -23,6 +23,23 @@ from reward_server.rubric.settings import RubricSettings
 S = TypeVar("S")
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a spec costs the engines: judge prompts and NLI pairs. Their sum, ``judgments``,
+    is the unit request limits and admission count; admission also follows the mix (its floor
+    is one full batch of each engine the calls use)."""
+
+    judge: int = 0
+    nli: int = 0
+
+    @property
+    def judgments(self) -> int:
+        return self.judge + self.nli
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.judge + other.judge, self.nli + other.nli)
+
+
 class Checks(Protocol):
     """The request limits a kind's validation checks against
     (:class:`reward_server.service.validation.Validator`)."""
@@ -39,8 +56,8 @@ class Checks(Protocol):
     def history(self, items: Sequence[d.HistoryItem], where: str) -> None:
         """Refuse an empty or too long history, or one with a bad text."""
 
-    def spec(self, spec: d.ItemSpec, where: str) -> int:
-        """Validate a (part's) spec of any kind; its judgments."""
+    def spec(self, spec: d.ItemSpec, where: str) -> Work:
+        """Validate a (part's) spec of any kind; its work."""
 
 
 class Science(Protocol):
@@ -63,7 +80,7 @@ class Kind(Generic[S]):
     spec: type[S]
     components: tuple[Component, ...]
     response_field: str | None  # the spec field with the policy's output; None: each part's own
-    validate: Callable[[S, Checks, str], int]  # (spec, checks, where) -> judgments; InvalidRequest
+    validate: Callable[[S, Checks, str], Work]  # (spec, checks, where) -> its work; InvalidRequest
     score: Callable[[S, Science], Awaitable[d.RewardOutcome]]
 
     @property

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from reward_server import domain as d
 from reward_server.components import NliConstraints
-from reward_server.kinds.base import Checks, Kind, Science
+from reward_server.kinds.base import Checks, Kind, Science, Work
 from reward_server.nli import nli_constraints_reward
 
 
-def validate(spec: d.NliConstraintsSpec, checks: Checks, where: str) -> int:
+def validate(spec: d.NliConstraintsSpec, checks: Checks, where: str) -> Work:
     checks.text(spec.answer, f"{where}.answer")
     checks.text(spec.preference, f"{where}.preference")
-    return 2
+    return Work(nli=2)
 
 
 async def score(spec: d.NliConstraintsSpec, science: Science) -> d.RewardOutcome:

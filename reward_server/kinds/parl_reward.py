@@ -6,13 +6,13 @@ from __future__ import annotations
 from reward_server import domain as d
 from reward_server.components import ParlReward
 from reward_server.errors import InvalidRequest
-from reward_server.kinds.base import Checks, Kind, Science
+from reward_server.kinds.base import Checks, Kind, Science, Work
 from reward_server.rubric import parl_reward
 
 
-def validate(spec: d.ParlRewardSpec, checks: Checks, where: str) -> int:
-    """Judgments: an upper bound, ``rubric.max_rules`` rules on every judged history text, the
-    target and each baseline."""
+def validate(spec: d.ParlRewardSpec, checks: Checks, where: str) -> Work:
+    """Judge prompts: an upper bound, ``rubric.max_rules`` rules on every judged history text,
+    the target and each baseline."""
     checks.history(spec.history, f"{where}.history")
     checks.text(spec.target.context, f"{where}.target.context", required=False)
     checks.text(spec.target.text, f"{where}.target.text")
@@ -25,7 +25,7 @@ def validate(spec: d.ParlRewardSpec, checks: Checks, where: str) -> int:
         checks.text(b, f"{where}.baselines[{k}]")
     rubric = checks.rubric
     texts = min(len(spec.history), rubric.history_limit) + 1 + len(spec.baselines)
-    return rubric.max_rules * texts
+    return Work(judge=rubric.max_rules * texts)
 
 
 async def score(spec: d.ParlRewardSpec, science: Science) -> d.RewardOutcome:

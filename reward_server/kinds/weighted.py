@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from reward_server import domain as d
 from reward_server.components import Weighted, in_part
 from reward_server.errors import InvalidRequest
-from reward_server.kinds.base import Checks, Kind, Science
+from reward_server.kinds.base import Checks, Kind, Science, Work
 
 
 def weighted_mean(weights: Sequence[float], values: Sequence[float]) -> float:
@@ -22,13 +22,13 @@ def weighted_mean(weights: Sequence[float], values: Sequence[float]) -> float:
     return math.fsum((w / total) * v for w, v in zip(scaled, values, strict=True))
 
 
-def validate(spec: d.WeightedSpec, checks: Checks, where: str) -> int:
-    """Judgments: the sum of the parts'."""
+def validate(spec: d.WeightedSpec, checks: Checks, where: str) -> Work:
+    """Work: the sum of the parts'."""
     w = f"{where}.parts"
     if not spec.parts:
         raise InvalidRequest(f"{w}: needs at least one part")
     checks.count(len(spec.parts), "max_weighted_parts", w)
-    work = 0
+    work = Work()
     for j, part in enumerate(spec.parts):
         if not math.isfinite(part.weight) or part.weight < 0:
             raise InvalidRequest(

@@ -38,6 +38,7 @@ class Window:
         self.busy_since = busy_since or start
         self.busy_s = 0.0
         self.judgments = 0
+        self.nli = 0  # of ``judgments``, NLI pairs
         self.calls = 0
         self.took_s = 0.0
         self.short = {"judgments": 0, "calls": 0}  # calls refused or kept waiting, per limit
@@ -50,8 +51,9 @@ class Window:
     def idle(self, now: float) -> None:
         self.busy_s += now - max(self.busy_since, self.start)
 
-    def done(self, judgments: int, took_s: float) -> None:
+    def done(self, judgments: int, took_s: float, *, nli: int = 0) -> None:
         self.judgments += judgments
+        self.nli += nli
         self.calls += 1
         self.took_s += took_s
 

@@ -13,10 +13,11 @@ line paced by the calls completing (:class:`~reward_server.service._limiter.Retr
 measured throughput times the latency target (``target_p99_s``; None: twice the latency of a
 usual call admitted alone, measured per call size:
 :class:`~reward_server.service._limiter.AloneLatency`) by Little's law, the call limit the same
-with calls per second, each between a floor (one full batch of every engine; a few calls) and
-the configured caps, resized every :data:`~reward_server.service._sizing.WINDOW_S` by
-:mod:`reward_server.service._sizing` (which also says when the judgment limit sheds under its
-floor: a saturated event loop that refuses calls).
+with calls per second, each between a floor (one full batch of every engine the calls use:
+:func:`~reward_server.service._sizing.mix_floor`; a few calls) and the configured caps,
+resized every :data:`~reward_server.service._sizing.WINDOW_S` by :mod:`reward_server.service._sizing`
+(which also says when the judgment limit sheds under its floor: a saturated event loop that
+refuses calls).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
 call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
@@ -53,7 +54,7 @@ from types import TracebackType
 from reward_server import metrics
 from reward_server.errors import Overloaded
 from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window
-from reward_server.service._sizing import WINDOW_S, Range, Rates, new_limits
+from reward_server.service._sizing import WINDOW_S, Range, Rates, mix_floor, new_limits
 from reward_server.service.settings import AdmissionSettings
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class Admission:
         target_s: float | None = None,
         max_wait_s: float = 0.0,
         max_waiting: int = 0,
+        batches: tuple[int, int] | None = None,
         seed: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.thread_time,
@@ -134,23 +136,43 @@ class Admission:
         self._waiting: list[tuple[int, int, asyncio.Future[Ticket], bool]] = []
         self._seq = itertools.count()
         self._rng = random.Random(seed)
+        # (judge, NLI) items of one full batch of each engine: with adaptive limits the
+        # judgment floor follows the NLI share of the last window's calls (None: min_judgments)
+        self._batches = batches
+        self._nli_share: float | None = None
+
+    @property
+    def floor(self) -> int:
+        """The judgment limit's floor now: ``min_judgments``, or with the engines' batches
+        given, one full batch of every engine the last window's calls used
+        (:func:`~reward_server.service._sizing.mix_floor`)."""
+        if self._batches is None or self._nli_share is None:
+            return self.min_judgments
+        return mix_floor(self._batches, self._nli_share, self.min_judgments)
 
     @classmethod
     def off(cls) -> Admission:
         return cls(max_judgments=None, max_bytes=None)
 
     @classmethod
-    def from_settings(cls, s: AdmissionSettings, *, engine_batch_items: int) -> Admission:
-        """``engine_batch_items``: the items one full batch of every engine replica holds."""
+    def from_settings(
+        cls, s: AdmissionSettings, *, engine_batch_items: int, nli_batch_items: int = 0
+    ) -> Admission:
+        """``engine_batch_items``: the items one full batch of every engine replica holds;
+        ``nli_batch_items``: of those, a separate NLI engine's (0: none, or judge-as-NLI). With
+        both engines and no configured floor, the floor follows the calls' mix."""
         if not s.enabled:
             return cls.off()
+        split = None
+        if s.min_judgments_in_flight is None and 0 < nli_batch_items < engine_batch_items:
+            split = (engine_batch_items - nli_batch_items, nli_batch_items)
         cap = s.max_judgments_in_flight or s.batches_in_flight * engine_batch_items
         return cls(
             max_judgments=cap, max_bytes=s.max_request_bytes_in_flight,
             max_calls=s.max_calls_in_flight, adaptive=s.adaptive,
             min_judgments=s.min_judgments_in_flight or engine_batch_items,
             min_calls=s.min_calls_in_flight, target_s=s.target_p99_s, max_wait_s=s.max_wait_s,
-            max_waiting=s.max_waiting,
+            max_waiting=s.max_waiting, batches=split,
         )
 
     def retry_after_s(self) -> float:
@@ -227,7 +249,7 @@ class Admission:
 
     def _sizing(self, what: str) -> str:
         cap = self.cap_calls if what == "calls" else self.cap_judgments
-        floor = self.min_calls if what == "calls" else self.min_judgments
+        floor = self.min_calls if what == "calls" else self.floor
         cap_path, floor_path = (
             ("service.admission.max_calls_in_flight", "service.admission.min_calls_in_flight")
             if what == "calls" else
@@ -238,6 +260,8 @@ class Admission:
         target = self.target()
         sized = ("nothing measured yet" if target is None
                  else f"measured throughput x {target * 1000:.0f} ms latency target")
+        if what == "judgments" and self._batches is not None:
+            floor_path = "one full batch of every engine the calls use"
         return f"{sized}, between {floor_path}={floor} and {name}"
 
     def _usual(self) -> int:
@@ -362,7 +386,7 @@ class Admission:
         self.estimated -= ticket.estimated
         ticket.estimated = 0
 
-    def _admit(self, ticket: Ticket, judgments: int) -> None:
+    def _admit(self, ticket: Ticket, judgments: int, nli: int) -> None:
         others = self.judgments - ticket.judgments  # without this call's provisional hold
         if not self._fits(others, judgments):
             raise self._refuse(
@@ -375,6 +399,7 @@ class Admission:
         self._parsed(ticket)
         self._hold(ticket, judgments - ticket.judgments, 0)
         ticket.admitted_at = self._clock()
+        ticket.nli = nli
         self._admitted += 1
         ticket.alone = others == 0 and self.calls == 1
         ticket.seq = self._admitted
@@ -400,7 +425,7 @@ class Admission:
             # alone from its admission to its end: nobody else admitted or still held
             if ticket.alone and ticket.seq == self._admitted and not self.calls:
                 self._alone.observe(judgments, took)
-            self._window.done(judgments, took)
+            self._window.done(judgments, took, nli=ticket.nli)
             if now - self._window.start >= WINDOW_S:
                 self._resize(now)
         self._wake()
@@ -421,6 +446,8 @@ class Admission:
         w = self._window
         busy = w.busy_s + (now - w.busy_since if self.calls else 0.0)
         measured = self._rates.update(w, busy_s=busy, span_s=now - w.start)
+        if w.judgments:
+            self._nli_share = w.nli / w.judgments
         self._window = Window(now, busy_since=now)
         self._window.held(self.judgments)
         self.loop_busy = self._loop_load.sample(now)
@@ -432,7 +459,7 @@ class Admission:
         self.max_judgments, self.max_calls = new_limits(
             w, limits=(self.max_judgments, self.max_calls), rates=self._rates, target_s=target,
             loop_busy=self.loop_busy, alone_s=self.alone_s, usual=self._usual(),
-            judgments=Range(self.min_judgments, self.cap_judgments),
+            judgments=Range(self.floor, self.cap_judgments),
             calls=Range(self.min_calls, self.cap_calls), measured=measured)
         metrics.set_admission_limits(self.max_judgments, self.max_calls)
         if logger.isEnabledFor(logging.DEBUG):
@@ -454,6 +481,7 @@ class Ticket:
         self.arrived_at = admission._clock()
         self.nbytes = 0
         self.judgments = 0
+        self.nli = 0  # of its judgments once admitted, NLI pairs
         self.estimated = 0  # of its judgments: its body's estimate past a usual call
         self.calls = 0
         self.admitted_at: float | None = None
@@ -466,10 +494,11 @@ class Ticket:
         fit)."""
         self._admission._add_bytes(self, nbytes)
 
-    def admit(self, judgments: int) -> None:
+    def admit(self, judgments: int, *, nli: int = 0) -> None:
         """Hold exactly ``judgments`` (in place of the provisional hold), refused with
-        Overloaded if they do not fit beside the others'."""
-        self._admission._admit(self, judgments)
+        Overloaded if they do not fit beside the others'; ``nli``: how many of them are NLI
+        pairs (the rest judge prompts)."""
+        self._admission._admit(self, judgments, nli)
 
     def release(self) -> None:
         if not self._released:

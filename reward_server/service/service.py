@@ -47,10 +47,15 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def admission_for(settings: AdmissionSettings, *, engine_batch_items: int) -> Admission:
+def admission_for(
+    settings: AdmissionSettings, *, engine_batch_items: int, nli_batch_items: int = 0
+) -> Admission:
     """The admission control ``settings`` ask for; ``engine_batch_items``: the items one full
-    batch of every engine replica holds (sizes the default judgment limit)."""
-    return Admission.from_settings(settings, engine_batch_items=engine_batch_items)
+    batch of every engine replica holds (sizes the default judgment limit), ``nli_batch_items``:
+    of those, a separate NLI engine's (the default floor then follows the calls' mix)."""
+    return Admission.from_settings(
+        settings, engine_batch_items=engine_batch_items, nli_batch_items=nli_batch_items
+    )
 
 
 class RewardService:
@@ -67,9 +72,11 @@ class RewardService:
         fake_engines: bool = False,
         admission: Admission | None = None,
         engine_batch_items: int = DEFAULT_ENGINE_BATCH_ITEMS,
+        nli_batch_items: int = 0,
     ) -> None:
         """``engine_batch_items``: the items one full batch of every engine replica holds
-        (sizes the default admission and ``call_judgments_in_flight``)."""
+        (sizes the default admission and ``call_judgments_in_flight``); ``nli_batch_items``: of
+        those, a separate NLI engine's (0: none; see :func:`admission_for`)."""
         self.judge = judge
         self.nli = nli
         self.settings = settings or ServiceSettings()
@@ -78,18 +85,20 @@ class RewardService:
         self.fake_engines = fake_engines
         self.validator = Validator(self.settings.limits, self.rubric, self.nlicv)
         self.admission = admission or admission_for(
-            self.settings.admission, engine_batch_items=engine_batch_items
+            self.settings.admission, engine_batch_items=engine_batch_items,
+            nli_batch_items=nli_batch_items,
         )
         self.call_window = (
             self.settings.call_judgments_in_flight or CALL_WINDOW_BATCHES * engine_batch_items
         )
 
     @contextlib.contextmanager
-    def _admitted(self, ticket: Ticket | None, judgments: int) -> Iterator[None]:
-        """Hold ``judgments`` on the caller's ticket, or on one of our own for this block."""
+    def _admitted(self, ticket: Ticket | None, judgments: int, *, nli: int = 0) -> Iterator[None]:
+        """Hold ``judgments`` (``nli`` of them NLI pairs) on the caller's ticket, or on one of
+        our own for this block."""
         held = ticket if ticket is not None else self.admission.enter()
         try:
-            held.admit(judgments)
+            held.admit(judgments, nli=nli)
             yield
         finally:
             if ticket is None:
@@ -114,7 +123,7 @@ class RewardService:
     async def score(self, batch: ValidatedBatch, *, ticket: Ticket | None = None) -> list[d.ItemResult]:
         """One result per item, in order. Raises Overloaded when admission control refuses the
         batch. ``ticket``: the transport's, holding the request's bytes."""
-        with self._admitted(ticket, batch.judgments):
+        with self._admitted(ticket, batch.judgments, nli=batch.nli_pairs):
             try:
                 async with asyncio.TaskGroup() as tg:  # one failure cancels the rest of the batch
                     tasks = await self._start_items(tg, batch)
@@ -227,7 +236,7 @@ class RewardService:
         judgments = self.validator.verify(
             response=response, answer=answer, preference=preference, evidence=evidence
         )
-        with self._admitted(ticket, judgments):
+        with self._admitted(ticket, judgments, nli=judgments):
             return await nli.verify(
                 self.nli,
                 response=response,

@@ -123,14 +123,14 @@ class Validator:
         return min(n, self.rubric.history_limit)
 
     # -------------------------------------------------------------------- Score
-    def spec(self, spec: d.ItemSpec, where: str) -> int:
+    def spec(self, spec: d.ItemSpec, where: str) -> kinds.Work:
         """Validate one item spec with its kind's rules (:mod:`reward_server.kinds`); its
-        judgments."""
+        work (judge prompts and NLI pairs)."""
         kind = kinds.of(spec)
         return kind.validate(spec, self, f"{where}.{kind.proto_field}")
 
-    def item(self, item: d.ScoreItem, index: int, seen: dict[str, int]) -> int:
-        """Validate one item of a batch (``seen``: ids so far -> index); its judgments."""
+    def item(self, item: d.ScoreItem, index: int, seen: dict[str, int]) -> kinds.Work:
+        """Validate one item of a batch (``seen``: ids so far -> index); its work."""
         limit = self.limits.max_id_bytes
         n = utf8_len(item.item_id, limit)
         if n > limit:
@@ -218,6 +218,7 @@ class ValidatedBatch:
     items: tuple[d.ScoreItem, ...]
     judgments: int
     item_judgments: tuple[int, ...]  # each item's, in order (they sum to ``judgments``)
+    nli_pairs: int = 0  # of ``judgments``, the NLI pairs (the rest are judge prompts)
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,7 @@ class BatchCheck:
         self._validator = validator
         self._seen: dict[str, int] = {}
         self._per_item: list[int] = []
+        self._nli = 0
         self._count: int | None = None
         self.max_items = validator.limits.max_batch_items
         self.max_item_bytes = validator.limits.max_item_bytes
@@ -248,7 +250,9 @@ class BatchCheck:
         self._per_item = [0] * n
 
     def item(self, item: d.ScoreItem, index: int) -> None:
-        self._per_item[index] = self._validator.item(item, index, self._seen)
+        work = self._validator.item(item, index, self._seen)
+        self._per_item[index] = work.judgments
+        self._nli += work.nli
 
     def entries(self, n: int, name: str, where: str) -> None:
         self._validator.count(n, name, where)
@@ -257,4 +261,4 @@ class BatchCheck:
         if self._count != len(items) or len(self._seen) != len(items):
             raise RuntimeError("BatchCheck.done: not every item of the batch was checked")
         total = self._validator.total(sum(self._per_item), "items")
-        return ValidatedBatch(tuple(items), total, tuple(self._per_item))
+        return ValidatedBatch(tuple(items), total, tuple(self._per_item), self._nli)

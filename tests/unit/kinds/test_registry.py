@@ -62,11 +62,12 @@ def test_dispatch_finds_the_kind_of_every_spec() -> None:
 def test_each_kind_counts_its_judgments() -> None:
     rubric = RubricSettings()
     v = Validator(Limits(), rubric, NLISettings())
-    assert v.spec(RUBRIC, "x") == 3  # one prompt per rule
-    assert v.spec(NLI, "x") == 2  # two NLI pairs
+    assert v.spec(RUBRIC, "x") == kinds.Work(judge=3)  # one judge prompt per rule
+    assert v.spec(NLI, "x") == kinds.Work(nli=2)  # two NLI pairs
     # an upper bound: max_rules rules on each judged history text, the target and each baseline
-    assert v.spec(PARL, "x") == rubric.max_rules * (len(H) + 1 + 2)
-    assert v.spec(WEIGHTED, "x") == 3 + 2  # the parts' sum
+    assert v.spec(PARL, "x") == kinds.Work(judge=rubric.max_rules * (len(H) + 1 + 2))
+    assert v.spec(WEIGHTED, "x") == kinds.Work(judge=3, nli=2)  # the parts' sum
+    assert v.spec(WEIGHTED, "x").judgments == 5
 
 
 def test_validation_names_the_kind_field_of_the_item() -> None:
@@ -81,7 +82,8 @@ def test_validation_names_the_kind_field_of_the_item() -> None:
 async def test_the_service_scores_every_kind_through_its_declaration() -> None:
     s = RewardService(judge=FakeJudge(), nli=FakeNLI())
     batch = await s.validate([d.ScoreItem(k.value, spec) for k, spec in SPECS.items()])
-    assert batch.judgments == sum(s.validator.spec(spec, "x") for spec in SPECS.values())
+    assert batch.judgments == sum(s.validator.spec(spec, "x").judgments for spec in SPECS.values())
+    assert batch.nli_pairs == 2 + 2  # the NLI item's and the weighted item's NLI part
     for result, (kind, _spec) in zip(await s.score(batch), SPECS.items(), strict=True):
         assert result.item_id == kind.value and result.reward is not None
         assert all(components.is_declared(kind, name) for name in result.components)

@@ -115,9 +115,9 @@ class Clock:
 
 
 def _load(a: Admission, clock: Clock, *, offered: int, seconds: float,
-          took_s: Callable[[int], float], judgments: int = 100) -> list[int]:
-    """Rounds of ``offered`` calls of ``judgments`` each; the admitted ``n`` take ``took_s(n)``.
-    Returns how many were admitted per round."""
+          took_s: Callable[[int], float], judgments: int = 100, nli: int = 0) -> list[int]:
+    """Rounds of ``offered`` calls of ``judgments`` each (``nli`` of them NLI pairs); the
+    admitted ``n`` take ``took_s(n)``. Returns how many were admitted per round."""
     end, admitted = clock.now + seconds, []
     while clock.now < end:
         tickets = []
@@ -125,7 +125,7 @@ def _load(a: Admission, clock: Clock, *, offered: int, seconds: float,
             try:
                 t = a.enter()
                 t.add_bytes(100)
-                t.admit(judgments)
+                t.admit(judgments, nli=nli)
             except Overloaded:
                 continue
             tickets.append(t)
@@ -626,3 +626,45 @@ def test_a_few_very_large_calls_do_not_make_the_usual_call_large() -> None:
     for t in held:
         t.admit(128)
     assert a.judgments == 512 and a.refused == 0
+
+
+def test_the_floor_is_one_full_batch_of_every_engine_the_calls_use() -> None:
+    """A judge and an NLI engine of 256 items a batch: the judgment floor is their sum until
+    calls are measured, one engine's batch while the calls use that engine only, the sum again
+    for calls that use both (verl's merged calls: half judge prompts, half NLI pairs)."""
+    clock = Clock()
+    a = Admission(max_judgments=16_384, max_bytes=None, adaptive=True, min_judgments=512,
+                  batches=(256, 256), clock=clock, cpu_clock=lambda: 0.0, seed=0)
+    assert a.floor == 512 and a.max_judgments == 512
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.01, judgments=128)
+    assert a.floor == 256  # judge prompts only
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.01, judgments=128, nli=128)
+    assert a.floor == 256  # NLI pairs only
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.01, judgments=128, nli=64)
+    assert a.floor == 512  # both engines, half and half
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.01, judgments=128, nli=1)
+    assert a.floor == 512  # both engines, however few NLI pairs
+    _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.01, judgments=128)
+    assert a.floor == 256  # the window's calls decide: judge prompts only again
+
+
+def test_calls_of_one_engine_are_not_admitted_two_batches_deep_under_overload() -> None:
+    """Calls of 128 judge prompts whose latency grows with the work in flight (5 ms each, no
+    gain from running together): with the floor counted as both engines' batches, 4 such calls
+    ran at once (4x the latency alone); with the floor following the mix, 2 (one judge batch)."""
+    def one_engine(floor_follows_the_mix: bool) -> tuple[list[int], int]:
+        clock = Clock()
+        a = Admission(max_judgments=16_384, max_bytes=None, max_calls=4096, adaptive=True,
+                      min_judgments=512, min_calls=16,
+                      batches=(256, 256) if floor_follows_the_mix else None, clock=clock,
+                      cpu_clock=lambda: 0.0, seed=0)
+        _load(a, clock, offered=1, seconds=1.0, took_s=lambda n: 0.005, judgments=128)
+        admitted = _load(a, clock, offered=8, seconds=3.0, took_s=lambda n: 0.005 * n,
+                         judgments=128)
+        return admitted, a.max_judgments or 0
+
+    admitted, limit = one_engine(True)
+    assert limit == 256 and max(admitted[-50:]) == 2
+    admitted, limit = one_engine(False)  # a configured floor stays the floor
+    assert limit == 512 and max(admitted[-50:]) == 4
+
