@@ -31,7 +31,9 @@ class AdmissionSettings(BaseModel):
     )
     min_judgments_in_flight: int | None = Field(
         None, ge=1, description="Floor of the adaptive judgment limit. None: one full batch "
-        "of every engine (their batching.max_items, as above)."
+        "of every engine the calls use (batching.max_items, as above): both engines' while the "
+        "last 0.5 s's calls used both, one engine's while they used that one only, the sum "
+        "before anything is measured."
     )
     batches_in_flight: int = Field(
         64, ge=1, description="With max_judgments_in_flight None: how many full engine batches "
