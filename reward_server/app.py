@@ -53,14 +53,10 @@ def engine_batches(config: RewardServerConfig) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def engine_batch_items(config: RewardServerConfig) -> int:
-    """Items one full batch of every engine replica holds (:func:`engine_batches`, summed)."""
-    return max(1, sum(engine_batches(config)))
-
-
 def build_service(config: RewardServerConfig, engines: Engines) -> RewardService:
     """The orchestration layer over ``engines`` with the config's science, limits and
-    admission control (sized for the engines, see :func:`engine_batch_items`)."""
+    admission control (sized for the engines, see :func:`engine_batches`)."""
+    judge_items, nli_items = engine_batches(config)
     return RewardService(
         judge=engines.judge,
         nli=engines.nli,
@@ -68,8 +64,8 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         rubric_settings=config.rubric,
         nli_settings=config.nli,
         fake_engines=config.engines.fake,
-        engine_batch_items=engine_batch_items(config),
-        nli_batch_items=engine_batches(config)[1],
+        engine_batch_items=max(1, judge_items + nli_items),
+        nli_batch_items=nli_items,
     )
 
 

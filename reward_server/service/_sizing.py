@@ -55,18 +55,16 @@ SHED_MIN_ALONE_S = 0.005  # ... when a usual call takes this long alone (a refus
 # overload against 884-928 at 5 ms, with no lower p99 (24.5-42.6 ms against 11.5-36.8)
 
 
-def mix_floor(batches: tuple[int, int], nli_share: float, most: int) -> int:
-    """The judgment limit's floor for calls whose judgments are ``nli_share`` NLI pairs (the
-    rest judge prompts), when one full batch of the judge holds ``batches[0]`` items and one of
-    a separate NLI engine ``batches[1]``: one full batch of every engine the calls use, at most
+def mix_floor(batches: tuple[int, int], used: tuple[bool, bool], most: int) -> int:
+    """The judgment limit's floor for calls that used the judge and / or the NLI engine
+    (``used``), when one full batch of the judge holds ``batches[0]`` items and one of a
+    separate NLI engine ``batches[1]``: one full batch of every engine the calls use, at most
     ``most`` (the floor when the mix is not known). Calls that use both engines (verl's merged
     calls: half and half) get both batches; calls that use one, that one's batch. Counted as
     both batches whatever the mix, calls of judge prompts only were let in two judge batches
     deep (bench/faults.py's overload, 128-prompt calls: 4 at the floor of 512, admitted p99 3-6x
     the unloaded one; docs/performance.md)."""
-    judge, nli = batches
-    used = (judge if nli_share < 1 else 0) + (nli if nli_share > 0 else 0)
-    return max(1, min(most, used))
+    return max(1, min(most, sum(b for b, u in zip(batches, used, strict=True) if u)))
 
 
 class Rates:

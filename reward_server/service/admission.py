@@ -137,18 +137,18 @@ class Admission:
         self._seq = itertools.count()
         self._rng = random.Random(seed)
         # (judge, NLI) items of one full batch of each engine: with adaptive limits the
-        # judgment floor follows the NLI share of the last window's calls (None: min_judgments)
+        # judgment floor follows the engines the last window's calls used (None: min_judgments)
         self._batches = batches
-        self._nli_share: float | None = None
+        self._used: tuple[bool, bool] | None = None  # (judge, NLI) used by the last window
 
     @property
     def floor(self) -> int:
         """The judgment limit's floor now: ``min_judgments``, or with the engines' batches
         given, one full batch of every engine the last window's calls used
         (:func:`~reward_server.service._sizing.mix_floor`)."""
-        if self._batches is None or self._nli_share is None:
+        if self._batches is None or self._used is None:
             return self.min_judgments
-        return mix_floor(self._batches, self._nli_share, self.min_judgments)
+        return mix_floor(self._batches, self._used, self.min_judgments)
 
     @classmethod
     def off(cls) -> Admission:
@@ -447,7 +447,7 @@ class Admission:
         busy = w.busy_s + (now - w.busy_since if self.calls else 0.0)
         measured = self._rates.update(w, busy_s=busy, span_s=now - w.start)
         if w.judgments:
-            self._nli_share = w.nli / w.judgments
+            self._used = (w.judgments > w.nli, w.nli > 0)
         self._window = Window(now, busy_since=now)
         self._window.held(self.judgments)
         self.loop_busy = self._loop_load.sample(now)
