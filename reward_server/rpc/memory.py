@@ -112,9 +112,13 @@ class Trimmer:
         self._scheduled = False
         self._running = False  # a collection and trim under way
         self._moved = 0  # bytes freed since the last idle collection
-        self._floor = _rss()  # the RSS the last trim left
+        # the rest level: the RSS and glibc's free bytes the last idle trim left. A trim under
+        # load leaves them alone: it ran with the calls' memory still in use, and as the level
+        # it hid what those calls left behind (bench/faults.py's B: a trim during the attack
+        # left 85 MB, 1.5 MB above the level after it, so the idle server never trimmed again)
+        self._floor = _rss()
         self._heap_free = _heap_free()
-        self._free_floor = self._free_now()  # glibc's free bytes the last trim left
+        self._free_floor = self._free_now()
         self.trims = 0
 
     def freed(self, nbytes: int) -> None:
@@ -132,9 +136,9 @@ class Trimmer:
 
     def idle(self) -> None:
         """No call is in flight now: trim if calls moved ``TRIM_IDLE_BYTES`` since the last
-        trim, or the RSS grew 8 MiB (or 5 %) past what the last trim left (gRPC's own
+        idle trim, or the RSS grew 8 MiB (or 5 %) past what the last idle trim left (gRPC's own
         buffers: a message it refused as too large never reaches us), or glibc holds 8 MiB
-        more free bytes than the last trim left (gRPC's state of connections that closed
+        more free bytes than the last idle trim left (gRPC's state of connections that closed
         since: 1,100 idle connections left 23 MB free and resident; call from the event
         loop)."""
         if self._trim is None:
@@ -182,18 +186,21 @@ class Trimmer:
             self._moved = 0
             gc.collect()
         self._running = True
-        asyncio.get_running_loop().call_later(DELAY_S, self._trim_now)
+        asyncio.get_running_loop().call_later(DELAY_S, self._trim_now, idle)
 
-    def _trim_now(self) -> None:
+    def _trim_now(self, idle: bool) -> None:
         assert self._trim is not None
         trimmed = asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
-        trimmed.add_done_callback(self._done)
+        trimmed.add_done_callback(lambda fut: self._done(fut, idle))
 
-    def _done(self, fut: asyncio.Future[int]) -> None:
+    def _done(self, fut: asyncio.Future[int], idle: bool) -> None:
         self._running = False
-        self._floor = _rss()
-        self._free_floor = self._free_now()
-        logger.debug("trimmed the heap (trim %d): RSS now %.0f MB", self.trims, self._floor / 1e6)
+        rss = _rss()
+        if idle:  # the new rest level (see __init__)
+            self._floor = rss
+            self._free_floor = self._free_now()
+        logger.debug("trimmed the heap (trim %d, %s): RSS now %.0f MB", self.trims,
+                     "idle" if idle else "under load", rss / 1e6)
         if not fut.cancelled() and fut.exception() is not None:
             logger.warning("malloc_trim failed: %s", fut.exception())
         if self._again and not self._busy():

@@ -166,3 +166,30 @@ def test_a_fixed_mmap_threshold_keeps_large_buffers_out_of_the_heap() -> None:
     grown, after = int(out[0]), int(out[1])
     assert grown >= 8 << 20  # its own mapping
     assert after <= 64 << 10  # unmapped when freed: back to the system
+
+
+async def test_a_trim_under_load_does_not_move_the_level_an_idle_server_compares_with() -> None:
+    """A trim that ran while calls held their memory does not become the rest level: once the
+    server is idle with its RSS still 8 MiB (or 5 %) above what the last idle trim left, it
+    trims once, and what that trim left is the new level (it does not trim again for memory
+    still in use)."""
+    busy = True
+    t = Trimmer(after_bytes=512 * 1024, busy=lambda: busy)  # rest level: the RSS now
+    if t._trim is None:
+        pytest.skip("this libc has no malloc_trim")
+    grow = 2 * max(8 * memory.TRIM_IDLE_BYTES, memory._rss() // 20)
+    held = [bytes(2048) for _ in range(grow // 2048)]  # the calls' memory, in use
+    t.freed(600 * 1024)  # under a megabyte moved, past after_bytes: a trim under load
+    assert await _trims_within(t, 2.0) == 1
+    busy = False
+    watch = asyncio.ensure_future(t.watch(lambda: busy, every_s=0.05))
+    try:
+        end = asyncio.get_running_loop().time() + memory.MIN_INTERVAL_S + 1.0
+        while asyncio.get_running_loop().time() < end and t.trims < 2:
+            await asyncio.sleep(0.05)
+        assert t.trims == 2  # compared with the level before the load, not the load's trim
+        await asyncio.sleep(memory.MIN_INTERVAL_S + 2 * memory.DELAY_S + 0.3)
+        assert t.trims == 2  # the idle trim's RSS is the level now: held memory is not trimmed for
+    finally:
+        watch.cancel()
+    assert len(held) == grow // 2048
