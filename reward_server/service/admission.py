@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from reward_server import metrics
+from reward_server import cooperative, metrics
 from reward_server.errors import Overloaded
 from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window
 from reward_server.service._sizing import WINDOW_S, Range, Rates, mix_floor, new_limits
@@ -205,6 +205,7 @@ class Admission:
     def _refuse(self, what: str, limit: str, stage: str) -> Overloaded:
         self.refused += 1
         metrics.observe_refusal(limit, stage)
+        cooperative.hurry()  # more calls are likely waiting in the transport: take them now
         wait = self.retry_after_s()
         return Overloaded(
             f"the server is at its admission limit: {what}; retry in about {wait * 1000:.0f} ms "
