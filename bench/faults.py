@@ -1127,6 +1127,9 @@ async def run(args: argparse.Namespace) -> None:
             await overload(s, caller, std, args)
         elif args.only == "streams":
             await streams_not_read(s, args)
+        elif args.only == "connections":  # B then C, as in the full run
+            await streams_not_read(s, args)
+            await idle_connections(s, args)
         elif args.only == "memory":
             await empty_items(s, caller)
             await big_requests(s, caller)
@@ -1230,7 +1233,7 @@ def main() -> None:
                     help="a server setting for every `reward-server serve` it starts (as its --set; "
                     "repeatable; not the in-process engine-failure check), e.g. to try a "
                     "setting against the defaults")
-    ap.add_argument("--only", choices=["overload", "streams", "big", "memory", "small"],
+    ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small"],
                     help="run only the baselines and one class: the overload (4), attack B "
                     "(streams), the large requests (3a-3d), attack A and then 3a-3d (memory: "
                     "the large messages whose RSS stays), or the 1,024 1-item callers (G, small)")
