@@ -20,42 +20,31 @@ resized every :data:`~reward_server.service._sizing.WINDOW_S` by :mod:`reward_se
 refuses calls).
 
 **Fair order under overload.** A first attempt that does not fit is refused at once. A retried
-call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
-``reward-previous-attempts``) that does not fit waits, at most ``max_wait_s`` and with at most
-``max_waiting`` others, for room; the room freed goes first to the call with the most previous
-attempts, then to the earliest, and a first attempt never passes a waiting call. When the waiting
-room is full a call with more attempts takes the place of the newest with fewer (which is
-refused at once). So a call retried on pushback rises above new arrivals with every attempt and
+call that does not fit waits for room in :class:`~reward_server.service._waiting.WaitingRoom`
+(bounded in time and size, most previous attempts first), and a first attempt never passes a
+waiting call. So a call retried on pushback rises above new arrivals with every attempt and
 completes while its deadline allows, with no unbounded queue.
 
-The transport asks in three steps, each before the heavier work that follows it:
-:meth:`Admission.arrive` (or :meth:`Admission.enter`, which does not wait) before reading the
-request body (is there room for a call of the usual size?), :meth:`Ticket.add_bytes` with the
-body's size before parsing it (holding the call, its bytes and, provisionally, a usual call's
-judgments, or more when the body is large (:data:`LARGE_BODY`): its size over the admitted
-calls' average bytes per judgment, up to the room left, so one large body enters beside small
-calls and a flood of large bodies is refused before it is parsed), :meth:`Ticket.admit` with
-its judgments before fanning out. Under overload most refusals come from the first two steps and
-cost no parsing; a call whose request never arrives holds nothing. It is applied after
-authentication, so unauthenticated calls never hold any of it.
+The transport asks in three steps, each before the heavier work that follows it (see
+:mod:`reward_server.service._ticket`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
 import logging
 import random
 import time
 from collections.abc import Callable
-from types import TracebackType
 
 from reward_server import cooperative, metrics
 from reward_server.errors import Overloaded
 from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window
-from reward_server.service._sizing import WINDOW_S, Range, Rates, mix_floor, new_limits
+from reward_server.service._sizing import LARGE_BODY, WINDOW_S, Range, Rates, mix_floor, new_limits, usual_size
+from reward_server.service._ticket import Ticket
+from reward_server.service._waiting import WaitingRoom
 from reward_server.service.settings import AdmissionSettings
+
+__all__ = ["Admission", "Ticket"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,29 +55,6 @@ _ALONE_FACTOR = 2.0  # target_p99_s None: this times a usual call's latency alon
 # refused callers are told to come back this fast per completed call (bench/faults.py at 8x:
 # 1.0 doubled the refusals and the served p99; lower starves closed-loop callers)
 RETRIES_PER_COMPLETED = 0.5
-# a body holds its estimated judgments (its size over the admitted calls' bytes per judgment)
-# before it is parsed only when that is at least this many usual calls; a body about the usual
-# size holds a usual call's. The bytes per judgment vary from call to call by a few per cent (ids
-# and texts of other lengths): verl's merged calls of 128 judgments were estimated at 129-130,
-# four of them then did not fit the floor of 512 that their callers' whole demand fills, and the
-# refusal on a saturated loop shed the limit (bench/microbatch.py: 4 runs of 8 went so, each
-# starting with that refusal; 171-333 refusals, 4,753-5,809 items/s against 6,447-8,054)
-LARGE_BODY = 2.0
-
-
-def _usual_size(usual: float, judgments: int) -> float:
-    """The usual call's judgments after one more admitted call: a moving average of the calls'
-    sizes on a log scale (a geometric mean), so that a few calls far larger than the rest move it
-    by a factor, not to their size. Averaged linearly, three calls of 65,536 judgments (attack 3a)
-    among calls of 128 set it near 32,000, and the 4-judgment calls that followed for seconds left it
-    in the thousands: the next calls of 128 were each held as a "usual" 512 before being read (so
-    one at a time under the floor of 512) and refused callers were spaced by calls of that size;
-    bench/faults.py's 2x overload after them served 74, 305 and 331 calls in 3 s in three runs
-    (7-8 refused: the loops slept on long pushbacks), 316, 360 and 320 with this average."""
-    size = float(max(judgments, 1))
-    return usual ** (1 - _EWMA) * size ** _EWMA if usual else size
-
-
 class Admission:
     """The limits of one server and the work admitted now."""
 
@@ -116,7 +82,7 @@ class Admission:
         self.max_judgments = self.min_judgments if adaptive else max_judgments  # the limits now
         self.max_calls = self.min_calls if adaptive else max_calls
         self.max_bytes = max_bytes
-        self.max_wait_s, self.max_waiting = max_wait_s, max_waiting
+        self._room = WaitingRoom(max_wait_s=max_wait_s, max_waiting=max_waiting)
         self.judgments = 0  # held: admitted calls' judgments, and entering calls' provisional
         self.estimated = 0  # of those: large bodies' estimates past a usual call, until parsed
         self.calls = 0
@@ -133,8 +99,6 @@ class Admission:
         self._clock = clock
         self._admitted = 0  # calls admitted so far
         self._window = Window(clock())
-        self._waiting: list[tuple[int, int, asyncio.Future[Ticket], bool]] = []
-        self._seq = itertools.count()
         self._rng = random.Random(seed)
         # (judge, NLI) items of one full batch of each engine: with adaptive limits the
         # judgment floor follows the engines the last window's calls used (None: min_judgments)
@@ -149,6 +113,11 @@ class Admission:
         if self._batches is None or self._used is None:
             return self.min_judgments
         return mix_floor(self._batches, self._used, self.min_judgments)
+
+    @property
+    def waiting(self) -> int:
+        """Retried calls waiting for room now."""
+        return len(self._room)
 
     @classmethod
     def off(cls) -> Admission:
@@ -270,7 +239,7 @@ class Admission:
 
     def enter(self, *, judged: bool = True) -> Ticket:
         """A call arrives, before its request is read: refused at once if the calls are full or
-        one usual call's judgments (:func:`_usual_size`) would not fit; Info is
+        one usual call's judgments (:func:`~reward_server.service._sizing.usual_size`) would not fit; Info is
         not ``judged`` (it holds a call, no judgments). It holds nothing yet, so a call whose
         request never arrives holds no capacity."""
         refused = self._room_error(self._usual(), judged, "before_read")
@@ -289,56 +258,36 @@ class Admission:
         calls waiting, is refused at once; a retried call (``attempts``: gRPC's previous
         attempts of this call) that does not fit waits for room up to ``max_wait_s`` beside at
         most ``max_waiting`` others, most attempts first; refused past that."""
-        if not self._waiting or attempts <= 0 or self.max_wait_s <= 0 or self.max_waiting <= 0:
-            if self._waiting and attempts <= 0:  # never past a retried call that waits
+        if attempts <= 0 or not self._room.open:
+            if self._room and attempts <= 0:  # never past a retried call that waits
                 raise self._waiting_full()
-            if attempts <= 0 or self.max_wait_s <= 0 or self.max_waiting <= 0:
-                return self.enter(judged=judged)  # a first attempt is refused at once
-            if self._full(self._usual(), judged) is None:
-                return self.enter(judged=judged)
-        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        entry = (-attempts, next(self._seq), fut, judged)
-        if len(self._waiting) >= self.max_waiting:
-            newest = max(self._waiting)  # fewest attempts, latest arrival
-            if newest[:2] < entry[:2]:
-                raise self._waiting_full()
-            self._waiting.remove(newest)
-            heapq.heapify(self._waiting)
-            newest[2].set_exception(self._waiting_full())
-        heapq.heappush(self._waiting, entry)
-        try:
-            return await asyncio.wait_for(fut, self.max_wait_s)
-        except TimeoutError:
-            pass
-        except asyncio.CancelledError:  # the call went away: give back the room it was given
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().release()
-            raise
-        finally:
-            if entry in self._waiting:
-                self._waiting.remove(entry)
-                heapq.heapify(self._waiting)
+            return self.enter(judged=judged)  # a first attempt is refused at once
+        if not self._room and self._full(self._usual(), judged) is None:
+            return self.enter(judged=judged)
+        ticket = await self._room.wait(attempts, judged=judged, full=self._waiting_full)
+        if ticket is not None:
+            return ticket
         refused = self._room_error(self._usual(), judged, "waited")
         if refused is not None:
             raise refused
         return Ticket(self, judged=judged)
 
     def _waiting_full(self) -> Overloaded:
-        return self._refuse(f"{len(self._waiting)} calls wait for room already (limits: "
+        return self._refuse(f"{len(self._room)} calls wait for room already (limits: "
                             f"{self.calls} of {self.max_calls} calls, {self.judgments} of "
                             f"{self.max_judgments} judgments in flight)", "waiting", "before_read")
 
     def _wake(self) -> None:
         """Room was freed: let waiting calls in, in order, while they fit."""
-        while self._waiting:
-            _, _, fut, judged = self._waiting[0]
-            if not fut.done():
-                if self._full(self._usual(), judged) is not None:
-                    return
-                ticket = Ticket(self, judged=judged)  # its room is held from now on
-                self._hold(ticket, self._usual() if judged else 0, 0, 1)
-                fut.set_result(ticket)
-            heapq.heappop(self._waiting)
+        self._room.wake(self._let_in)
+
+    def _let_in(self, judged: bool) -> Ticket | None:
+        """A ticket for a waiting call, its room held from now on (None: it does not fit)."""
+        if self._full(self._usual(), judged) is not None:
+            return None
+        ticket = Ticket(self, judged=judged)
+        self._hold(ticket, self._usual() if judged else 0, 0, 1)
+        return ticket
 
     def _hold(self, ticket: Ticket, judgments: int, nbytes: int, calls: int = 0) -> None:
         self.judgments += judgments
@@ -410,7 +359,7 @@ class Admission:
             per = ticket.nbytes / judgments
             self._bytes_per_judgment += (_EWMA * (per - self._bytes_per_judgment)
                                          if self._bytes_per_judgment else per)
-        self._call_judgments = _usual_size(self._call_judgments, judgments)
+        self._call_judgments = usual_size(self._call_judgments, judgments, _EWMA)
         self._wake()
 
     def _release(self, ticket: Ticket) -> None:
@@ -471,45 +420,3 @@ class Admission:
                 w.peak_judgments, "?" if self.loop_busy is None else f"{self.loop_busy:.2f}",
                 self.judgments_per_s, self.calls_per_s or 0.0, 1000 * target, before,
                 (self.max_judgments, self.max_calls))
-
-
-class Ticket:
-    """What one call holds; release it (or leave the ``with`` block) when the call ends."""
-
-    def __init__(self, admission: Admission, *, judged: bool = True) -> None:
-        self._admission = admission
-        self.judged = judged
-        self.arrived_at = admission._clock()
-        self.nbytes = 0
-        self.judgments = 0
-        self.nli = 0  # of its judgments once admitted, NLI pairs
-        self.estimated = 0  # of its judgments: its body's estimate past a usual call
-        self.calls = 0
-        self.admitted_at: float | None = None
-        self.alone = False
-        self.seq = 0
-        self._released = False
-
-    def add_bytes(self, nbytes: int) -> None:
-        """Hold the call and the request's ``nbytes`` (refused with Overloaded if they do not
-        fit)."""
-        self._admission._add_bytes(self, nbytes)
-
-    def admit(self, judgments: int, *, nli: int = 0) -> None:
-        """Hold exactly ``judgments`` (in place of the provisional hold), refused with
-        Overloaded if they do not fit beside the others'; ``nli``: how many of them are NLI
-        pairs (the rest judge prompts)."""
-        self._admission._admit(self, judgments, nli)
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._admission._release(self)
-
-    def __enter__(self) -> Ticket:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release()

@@ -46,7 +46,7 @@ async def test_a_retried_call_waits_for_room_and_a_first_attempt_is_refused_at_o
             first = await _call(ch)
             retried = asyncio.create_task(_call(ch, attempts=2))
             await asyncio.sleep(0.05)
-            assert r.service.admission._waiting, "the retried call should wait for room"
+            assert r.service.admission.waiting, "the retried call should wait for room"
             newcomer = await _call(ch)  # room is not free yet, and a retried call waits
             assert (await busy)[1] == "OK"
             took, code = await retried

@@ -256,7 +256,7 @@ async def test_room_goes_to_retried_calls_first_and_new_ones_never_pass_them() -
     order: list[int] = []
     waiting = [asyncio.create_task(_waiter(a, n, order)) for n in (1, 3, 2)]
     await asyncio.sleep(0.01)
-    assert len(a._waiting) == 3
+    assert a.waiting == 3
     late = asyncio.create_task(_waiter(a, 1, order))  # room full, no more attempts than any
     await asyncio.sleep(0.01)
     assert late.done() and isinstance(late.exception(), Overloaded)
@@ -278,7 +278,7 @@ async def test_a_call_waits_at_most_max_wait_s() -> None:
         first.admit(100)
         with pytest.raises(Overloaded, match="100 judgments in flight"):
             await a.arrive(attempts=3)
-    assert not a._waiting
+    assert not a.waiting
     with await a.arrive():  # room again: at once
         pass
 
