@@ -16,17 +16,28 @@ unauthenticated calls never hold any of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from reward_server.service.admission import Admission
+
+class _Admission(Protocol):
+    """What a ticket asks of :class:`~reward_server.service.admission.Admission` (a protocol,
+    so that this module does not import the one that imports it)."""
+
+    _clock: Callable[[], float]
+
+    def _add_bytes(self, ticket: Ticket, nbytes: int) -> None: ...
+
+    def _admit(self, ticket: Ticket, judgments: int, nli: int) -> None: ...
+
+    def _release(self, ticket: Ticket) -> None: ...
 
 
 class Ticket:
     """What one call holds; release it (or leave the ``with`` block) when the call ends."""
 
-    def __init__(self, admission: Admission, *, judged: bool = True) -> None:
+    def __init__(self, admission: _Admission, *, judged: bool = True) -> None:
         self._admission = admission
         self.judged = judged
         self.arrived_at = admission._clock()
