@@ -152,15 +152,21 @@ class Trimmer:
         if self._scheduled or self._running:  # one at a time (the RSS it leaves is the next
             self._again = True  # comparison's floor): looked at again when it is done
             return
-        rss = _rss()
-        grew = rss >= self._floor + _margin(self._floor)
-        shifted = rss >= self._rest + _margin(self._rest) and abs(rss - self._floor) >= TRIM_IDLE_BYTES
-        freed = self._free_now() >= self._free_floor + 8 * TRIM_IDLE_BYTES
-        if self._moved < TRIM_IDLE_BYTES and not (grew or shifted or freed):
+        if self._moved < TRIM_IDLE_BYTES and not self._grew_idle():
             return
         self._scheduled = True
         wait = max(DELAY_S, MIN_INTERVAL_S - (time.monotonic() - self._last))
         asyncio.get_running_loop().call_later(wait, self._start, True)
+
+    def _grew_idle(self) -> bool:
+        """Whether the RSS or glibc's free bytes moved enough since the last idle trim (see
+        :meth:`idle`); glibc's count (which walks every arena) only when the RSS did not."""
+        rss = _rss()
+        if rss >= self._floor + _margin(self._floor):
+            return True
+        if rss >= self._rest + _margin(self._rest) and abs(rss - self._floor) >= TRIM_IDLE_BYTES:
+            return True
+        return self._free_now() >= self._free_floor + 8 * TRIM_IDLE_BYTES
 
     async def watch(self, busy: Callable[[], bool], every_s: float = WATCH_S) -> None:
         """Run :meth:`idle` every ``every_s`` while ``busy()`` is false (until cancelled):
@@ -209,8 +215,8 @@ class Trimmer:
             self._floor = rss
             self._free_floor = self._free_now()
             self._rest = min(self._rest, rss)
-        logger.debug("trimmed the heap (trim %d, %s): RSS now %.0f MB, %.1f MB free in the heap",
-                     self.trims, "idle" if idle else "under load", rss / 1e6, self._free_now() / 1e6)
+        logger.debug("trimmed the heap (trim %d, %s): RSS now %.0f MB", self.trims,
+                     "idle" if idle else "under load", rss / 1e6)
         if not fut.cancelled() and fut.exception() is not None:
             logger.warning("malloc_trim failed: %s", fut.exception())
         if self._again and not self._busy():
