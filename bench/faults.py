@@ -1235,8 +1235,9 @@ def main() -> None:
                     "setting against the defaults")
     ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small"],
                     help="run only the baselines and one class: the overload (4), attack B "
-                    "(streams), the large requests (3a-3d), attack A and then 3a-3d (memory: "
-                    "the large messages whose RSS stays), or the 1,024 1-item callers (G, small)")
+                    "(streams), B and then C (connections), the large requests (3a-3d), attack A "
+                    "and then 3a-3d (memory: the large messages whose RSS stays), or the 1,024 "
+                    "1-item callers (G, small)")
     args = ap.parse_args()
     for k, v in (TUNED if args.tuned else DEFAULTS).items():
         if getattr(args, k) is None:

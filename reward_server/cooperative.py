@@ -143,7 +143,6 @@ class Turnstile:
             self._fresh = self._release_scheduled = True
             self._loop.call_soon(self._release)  # checks, next iteration, that they have run
 
-
     @property
     def hurried(self) -> bool:
         """Whether slices are :data:`IDLE_TURNS` iterations apart now (see :func:`hurry`)."""
@@ -190,4 +189,3 @@ def hurry(seconds: float = HURRY_S) -> None:
     except RuntimeError:
         return
     turnstile().hurry(seconds)
-
