@@ -2,7 +2,8 @@
 
     from reward_server.client import AsyncRewardClient, RewardClient, RetryBudget
 
-:mod:`reward_server.client.client` holds the clients and :class:`RewardCallError`;
+:mod:`reward_server.client.client` holds the asyncio client and :class:`RewardCallError`,
+:mod:`reward_server.client.sync` the synchronous ``RewardClient`` over it;
 :mod:`reward_server.client.channel` the channel policy (retry budget, service config, targets);
 :mod:`reward_server.client.coalesce` the merging of concurrent small calls (opt-in).
 """
@@ -20,11 +21,11 @@ from reward_server.client.client import (
     CoalesceSettings,
     RetryBudget,
     RewardCallError,
-    RewardClient,
     Target,
     backoff_delays,
     channel_target,
 )
+from reward_server.client.sync import RewardClient
 
 __all__ = [
     "GRPC_MAX_ATTEMPTS", "HEALTH", "MIN_BACKOFF_S", "RETRYABLE", "SERVICE", "STUCK_GRACE_S",
