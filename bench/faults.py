@@ -17,7 +17,8 @@ once the RSS has not moved by 1 MB for 0.5 s, at least 2 s and at most 10 s afte
 ended, with the server still running and answering the prober; the bench's own channels stay
 open). Prints
 one table (attack -> outcome, health latency during it, RSS before/peak/after, served and refused
-calls with latencies), then the issue's "Done when" checks against it.
+calls with latencies), then the "Done when" checks against it (health p99, RSS back within 10 %,
+lost, misattributed and INTERNAL over all rows, the overload ratios).
 
 With ``--tuned`` the admission limit is set explicitly (``--limit`` judgments, 512 by default:
 what this ingress, CPU-bound on 2 cores, answers near its unloaded latency); by default it is the
@@ -1184,8 +1185,19 @@ async def run(args: argparse.Namespace) -> None:
     worst = max((p for p in ROWS if p.health), key=lambda p: pct(p.health, .99))
     nonreading = [p for p in ROWS if p.name.startswith("2.")]
     print()
-    print("Done when (issue 11), from this run:")
+    print("Done when, from this run:")
     print(f"- health p99 under every attack: worst {health_p99 * 1000:.1f} ms ({worst.name}); target <= 100 ms")
+    back = [p for p in ROWS if p.rss and not p.exits]
+    if back:  # the RSS after each attack against before it (the drain row ends the server)
+        far = max(back, key=lambda p: p.rss[2] / p.rss[0])
+        high = max(back, key=lambda p: p.rss[1] / p.rss[0])
+        print(f"- RSS after each attack within 10 % of before: "
+              f"{sum(p.rss[2] <= 1.1 * p.rss[0] for p in back)} of {len(back)} rows; "
+              f"the highest {100 * (far.rss[2] / far.rss[0] - 1):+.1f} % ({far.name}); the highest "
+              f"peak {high.rss[1]:.0f} MB = {high.rss[1] / high.rss[0]:.2f}x its before ({high.name})")
+    print(f"- the well-behaved client, over all rows: {sum(p.victim.get('lost', 0) for p in ROWS)} lost, "
+          f"{sum(p.victim.get('misattributed', 0) for p in ROWS)} misattributed; INTERNAL seen by "
+          f"anyone: {sum(p.internal for p in ROWS)}")
     for p in overloads:
         print(f"- {p.name[3:].split(':')[0]}: "
               f"admitted p99 {ms(p.served, .99)} ms = {pct(p.served, .99) / unloaded_p99:.2f}x the "
