@@ -1,8 +1,11 @@
-"""The fake-engine Score workload shared by the server benchmarks."""
+"""The fake-engine Score workload and the small helpers shared by the server benchmarks."""
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 from reward_server import domain as d
 
@@ -24,3 +27,16 @@ def make_items(n: int) -> list[d.ScoreItem]:
 def pct(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads (from /proc)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")

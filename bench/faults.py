@@ -55,7 +55,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
-from _workload import pct
+from _workload import free_port, pct
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
@@ -166,12 +166,6 @@ class Server:
             rc = self.proc.wait()
         self._stop.set()
         return rc
-
-
-def free_port() -> int:
-    with socket.socket() as k:
-        k.bind(("127.0.0.1", 0))
-        return int(k.getsockname()[1])
 
 
 def server_latency(metrics_port: int, code: str) -> dict[float, float]:

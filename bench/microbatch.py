@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import make_items, pct
+from _workload import make_items, pct, proc_cpu_s
 
 from reward_server import domain as d
 from reward_server.app import start_app, tune_gc_for_serving
@@ -152,9 +152,9 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                 "--window-ms", str(args.window_ms), "--max-items", str(args.max_items),
                 "--min-s", str(args.min_s),
                 stdout=asyncio.subprocess.PIPE)
-            cpu = time.process_time() + sum(_cpu_s(p.pid) for _, p in extra)
+            cpu = time.process_time() + sum(proc_cpu_s(p.pid) for _, p in extra)
             out, _ = await child.communicate()
-            cpu = time.process_time() + sum(_cpu_s(p.pid) for _, p in extra) - cpu
+            cpu = time.process_time() + sum(proc_cpu_s(p.pid) for _, p in extra) - cpu
             if child.returncode != 0:
                 raise RuntimeError(f"the callers' process failed ({child.returncode})")
             row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
@@ -189,11 +189,6 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
             await p.wait()
         await app.stop(grace=1.0, drain_delay=0)
     return rows
-
-
-def _cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _extra_ingresses(n: int) -> list[tuple[str, Any]]:

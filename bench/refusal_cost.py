@@ -18,16 +18,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workload import free_port, proc_cpu_s  # noqa: E402
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb  # noqa: E402
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc  # noqa: E402
@@ -37,29 +40,17 @@ ITEM = pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
     response="Paris is big.", answer="Paris", preference="big"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def row(name: str, pid: int, n: int, call: object) -> tuple[str, float, float, dict[str, int]]:
+async def row(name: str, pid: int, n: int,
+              call: Callable[[], Awaitable[object]]) -> tuple[str, float, float, dict[str, int]]:
     codes: dict[str, int] = {}
-    c0, t0 = cpu_s(pid), time.perf_counter()
+    c0, t0 = proc_cpu_s(pid), time.perf_counter()
     for _ in range(n):
         try:
-            await call()  # type: ignore[operator]
+            await call()
             codes["OK"] = codes.get("OK", 0) + 1
         except grpc.aio.AioRpcError as e:
             codes[e.code().name] = codes.get(e.code().name, 0) + 1
-    wall, cpu = time.perf_counter() - t0, cpu_s(pid) - c0
+    wall, cpu = time.perf_counter() - t0, proc_cpu_s(pid) - c0
     return name, 1000 * cpu / n, 1000 * wall / n, codes
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,19 +31,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import make_items, pct
+from _workload import free_port, make_items, pct
 
 from reward_server import domain as d
 from reward_server.client import AsyncRewardClient
 
 CONCURRENCY = (1, 16, 64, 256)
 PER_CALL = (1, 32, 256)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def start_server(
