@@ -36,10 +36,11 @@ from google.protobuf.message import Message
 from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest
+from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, Overloaded
 from reward_server.rpc import convert, wire
 from reward_server.rpc.grpc_metrics import when_done
 from reward_server.rpc.memory import Trimmer
+from reward_server.rpc.refusals import LoadRefusalLog
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import message_for, status_for, trailers_for
 from reward_server.rpc.unsent import UnsentResponses
@@ -92,6 +93,7 @@ class RewardServicer:
             total=settings.max_unsent_response_bytes,
         )
         self.trimmer = Trimmer(busy=lambda: self._active > 0)
+        self._refusals = LoadRefusalLog()
         self._info_reply: pb.InfoResponse | None = None
         self._max_bytes = {  # no valid request of the method is larger
             "Score": settings.max_message_bytes,
@@ -230,6 +232,8 @@ class RewardServicer:
                 code_name = code.name
                 if code is grpc.StatusCode.INTERNAL:
                     logger.exception("%s failed with an unexpected error", rpc)
+                elif isinstance(exc, Overloaded):
+                    self._refusals.refused(rpc, message_for(exc))
                 else:
                     logger.info("%s -> %s: %s", rpc, code.name, message_for(exc))
                 if (isinstance(exc, BackendUnavailable) and entered
