@@ -1,8 +1,9 @@
 """What one refused call costs the server: its CPU per Score call refused for load
 (RESOURCE_EXHAUSTED before the request is read), against an Info call (answered, no engine work)
-and a served 1-item Score call, in one run.
+and a served 1-item Score call, and against gRPC's own floor (a bare ``grpc.aio`` server whose
+handler answers at once or aborts at once), in one run.
 
-    python bench/refusal_cost.py              # 2,000 calls of each kind, one at a time
+    python bench/refusal_cost.py              # 2,000 calls of each kind, one at a time and 16 at once
     python bench/refusal_cost.py --calls 8000
 
 `reward-server serve --fake` runs in its own process with admission fixed at one call in flight
@@ -10,7 +11,14 @@ and a served 1-item Score call, in one run.
 ``--hold-s``. One Score call holds that slot while the refused calls run; the Info and served
 rows run before it. The server's CPU per call comes from /proc (all its threads: gRPC's own
 threads as well as the event loop). The callers send one call at a time, so the latency is the
-round trip of one call on an otherwise idle server. Loopback only; stops by itself.
+round trip of one call on an otherwise idle server; the rows "16 at once" keep 16 calls in
+flight (only the refused row: admission has one slot, which Info calls take too). The
+bare server (this script with ``--bare-port``, its own process, no interceptors) answers raw bytes
+with an empty message, or aborts with RESOURCE_EXHAUSTED. The burst rows send ``--burst`` calls at
+once, ``--bursts`` times, and report each burst's slowest round trip. The bare figure is what any call costs a
+grpc.aio server on this machine before our code runs, so a burst of N calls arriving at once
+takes at least N times it of the server's CPU to answer, whatever it answers (printed).
+Loopback only; stops by itself.
 """
 
 from __future__ import annotations
@@ -40,18 +48,104 @@ ITEM = pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
     response="Paris is big.", answer="Paris", preference="big"))
 
 
-async def row(name: str, pid: int, n: int,
-              call: Callable[[], Awaitable[object]]) -> tuple[str, float, float, dict[str, int]]:
+Row = tuple[str, float, float, dict[str, int]]
+
+
+async def row(name: str, pid: int, n: int, call: Callable[[], Awaitable[object]],
+              concurrency: int = 1) -> Row:
     codes: dict[str, int] = {}
+
+    async def loop(k: int) -> None:
+        for _ in range(k):
+            try:
+                await call()
+                codes["OK"] = codes.get("OK", 0) + 1
+            except grpc.aio.AioRpcError as e:
+                codes[e.code().name] = codes.get(e.code().name, 0) + 1
+
+    for _ in range(min(n, 100)):  # warm-up, not counted
+        await asyncio.gather(*(loop(1) for _ in range(concurrency)))
+    codes.clear()
     c0, t0 = proc_cpu_s(pid), time.perf_counter()
-    for _ in range(n):
+    await asyncio.gather(*(loop(n // concurrency) for _ in range(concurrency)))
+    n = concurrency * (n // concurrency)
+    wall, cpu = time.perf_counter() - t0, proc_cpu_s(pid) - c0
+    label = name + ("" if concurrency == 1 else f", {concurrency} at once")
+    return label, 1000 * cpu / n, 1000 * wall / n * concurrency, codes
+
+
+async def burst_row(name: str, pid: int, call: Callable[[], Awaitable[object]], *, size: int,
+                    bursts: int) -> Row:
+    """``bursts`` bursts of ``size`` calls sent at once (50 ms apart); the latency column is the
+    median over the bursts of each burst's slowest call (the label gives that of its median)."""
+    codes: dict[str, int] = {}
+    slowest: list[float] = []
+    middle: list[float] = []
+
+    async def one() -> float:
+        t = time.perf_counter()
         try:
             await call()
             codes["OK"] = codes.get("OK", 0) + 1
         except grpc.aio.AioRpcError as e:
             codes[e.code().name] = codes.get(e.code().name, 0) + 1
-    wall, cpu = time.perf_counter() - t0, proc_cpu_s(pid) - c0
-    return name, 1000 * cpu / n, 1000 * wall / n, codes
+        return time.perf_counter() - t
+
+    c0 = proc_cpu_s(pid)
+    for _ in range(bursts):
+        lat = sorted(await asyncio.gather(*(one() for _ in range(size))))
+        slowest.append(lat[-1])
+        middle.append(lat[len(lat) // 2])
+        await asyncio.sleep(0.05)
+    cpu = proc_cpu_s(pid) - c0
+    slowest.sort()
+    middle.sort()
+    label = (f"{name}, bursts of {size} at once (latency: a burst's slowest call; its median "
+             f"call {1000 * middle[len(middle) // 2]:.1f} ms)")
+    return label, 1000 * cpu / (size * bursts), 1000 * slowest[len(slowest) // 2], codes
+
+
+async def bare_server(port: int) -> None:
+    """A grpc.aio server with nothing of ours: /bare.B/Answer returns an empty message at once,
+    /bare.B/Refuse aborts with RESOURCE_EXHAUSTED at once (raw bytes, no parsing)."""
+
+    async def answer(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return b""
+
+    async def refuse(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
+        raise AssertionError("unreachable: abort raises")
+
+    server = grpc.aio.server()
+    handlers = {"Answer": grpc.unary_unary_rpc_method_handler(answer),
+                "Refuse": grpc.unary_unary_rpc_method_handler(refuse)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.B", handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+async def bare_rows(args: argparse.Namespace) -> list[Row]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--bare-port", str(port)], cwd=REPO)
+    rows = []
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await channel.channel_ready()
+            answer = channel.unary_unary("/bare.B/Answer")
+            refuse = channel.unary_unary("/bare.B/Refuse")
+            for concurrency in (1, args.concurrency):
+                rows.append(await row("bare grpc.aio: answered at once", proc.pid, args.calls,
+                                      lambda: answer(b"", timeout=5), concurrency))
+                rows.append(await row("bare grpc.aio: aborted at once", proc.pid, args.calls,
+                                      lambda: refuse(b"", timeout=5), concurrency))
+            rows.append(await burst_row("bare grpc.aio: aborted at once", proc.pid,
+                                        lambda: refuse(b"", timeout=5), size=args.burst,
+                                        bursts=args.bursts))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return rows
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -61,7 +155,8 @@ async def main(args: argparse.Namespace) -> None:
     engines = (f"engines={{judge: {{kind: fake}}, nli: {{kind: fake, latency_s: {args.hold_s}}}}}")
     cmd = [sys.executable, "-m", "reward_server", "serve", "--port", str(port), "--set", engines,
            "--set", f"server.auth_token={TOKEN}", "--set", "service.admission.adaptive=false",
-           "--set", "service.admission.max_calls_in_flight=1", "--set", "server.drain_delay_s=0"]
+           "--set", "service.admission.max_calls_in_flight=1", "--set", "server.drain_delay_s=0",
+           *(x for kv in args.set for x in ("--set", kv))]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     md = (("authorization", f"Bearer {TOKEN}"),)
@@ -79,34 +174,58 @@ async def main(args: argparse.Namespace) -> None:
                 await asyncio.sleep(0.2)
         judge_item = pb.ScoreItem(id="j", rubric_score=pb.RubricScore(
             text="The product is great and the price is fair.", rules=["mentions the price"]))
-        rows = [await row("Info (answered)", proc.pid, args.calls,
-                          lambda: stub.Info(pb.InfoRequest(), metadata=md, timeout=5))]
+        info = lambda: stub.Info(pb.InfoRequest(), metadata=md, timeout=5)  # noqa: E731
+        rows = [await row("Info (answered)", proc.pid, args.calls, info)]
         served = pb.ScoreRequest(items=[judge_item])  # the judge does not sleep
         rows.append(await row("Score, 1 judge item (served)", proc.pid, args.calls,
                               lambda: stub.Score(served, metadata=md, timeout=5)))
         held = pb.ScoreRequest(items=[ITEM])  # the NLI engine sleeps: holds the one slot
         hold = asyncio.ensure_future(stub.Score(held, metadata=md, timeout=args.hold_s + 30))
         await asyncio.sleep(0.5)
-        rows.append(await row("Score, refused for load", proc.pid, args.calls,
-                              lambda: stub.Score(held, metadata=md, timeout=5)))
+        refused = lambda: stub.Score(held, metadata=md, timeout=5)  # noqa: E731
+        rows.append(await row("Score, refused for load", proc.pid, args.calls, refused))
+        rows.append(await row("Score, refused for load", proc.pid, args.calls, refused,
+                              args.concurrency))
+        rows.append(await burst_row("Score, refused for load", proc.pid, refused,
+                                    size=args.burst, bursts=args.bursts))
         hold.cancel()
     finally:
         await channel.close()
         proc.terminate()
         proc.wait(timeout=30)
-    print(f"\n{args.calls} calls of each kind, one at a time; server CPU from /proc (all threads)\n")
+    bare = await bare_rows(args)
+    print(f"\n{args.calls} calls of each kind; server CPU from /proc (all threads); latency: "
+          "each call's round trip\n")
     print("| call | server CPU ms/call | latency ms/call | codes |")
     print("|---|---:|---:|---|")
-    for name, cpu, lat, codes in rows:
+    for name, cpu, lat, codes in rows + bare:
         print(f"| {name} | {cpu:.3f} | {lat:.3f} | {codes} |")
     info = rows[0][1]
     print(f"\nrefused / Info: x{rows[2][1] / info:.2f} server CPU; served 1-item Score / Info: "
           f"x{rows[1][1] / info:.2f}")
+    print(f"ours / bare grpc.aio, server CPU per call: refused one at a time x"
+          f"{rows[2][1] / bare[1][1]:.2f}, {args.concurrency} at once x{rows[3][1] / bare[3][1]:.2f}; "
+          f"Info (answered) one at a time x{rows[0][1] / bare[0][1]:.2f}")
+    print(f"bursts of {args.burst} refused at once, the slowest call of a burst (median over "
+          f"{args.bursts}): ours {rows[4][2]:.1f} ms, bare grpc.aio {bare[-1][2]:.1f} ms")
+    floor = min(bare[2][1], bare[3][1])
+    print(f"a burst of N calls at once costs a grpc.aio server at least N x {floor:.3f} ms of "
+          f"CPU to answer, whatever it answers: N=8 {8 * floor:.1f} ms, N=32 {32 * floor:.1f} ms "
+          "(bench/faults.py's 2x and 8x overload onsets)")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls of each kind")
+    ap.add_argument("--concurrency", type=int, default=16,
+                    help="calls in flight in the rows 'at once'")
+    ap.add_argument("--burst", type=int, default=32,
+                    help="calls of one burst (32: bench/faults.py's 8x overload loops)")
+    ap.add_argument("--bursts", type=int, default=40, help="bursts per burst row")
     ap.add_argument("--hold-s", type=float, default=120.0,
-                    help="how long the call holding the slot sleeps (longer than the refused row)")
-    asyncio.run(main(ap.parse_args()))
+                    help="how long the call holding the slot sleeps (longer than the refused rows)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="more `reward-server serve --set` overrides for our server")
+    ap.add_argument("--bare-port", type=int, help=argparse.SUPPRESS)  # the bare server's process
+    parsed = ap.parse_args()
+    asyncio.run(bare_server(parsed.bare_port) if parsed.bare_port else main(parsed))
