@@ -131,6 +131,22 @@ def _refused() -> float:
     return float(value or 0.0)
 
 
+async def callers_row(target: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run the callers' process (this script with ``--client``) against ``target`` with
+    micro-batching ``mode`` and ``args``' callers, calls, window_ms, max_items and min_s; its row."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--client", target, "--mode", mode,
+        "--callers", str(args.callers), "--calls", str(args.calls),
+        "--window-ms", str(args.window_ms), "--max-items", str(args.max_items),
+        "--min-s", str(args.min_s),
+        stdout=asyncio.subprocess.PIPE)
+    out, _ = await child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"the callers' process failed ({child.returncode})")
+    row: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return row
+
+
 async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
                    modes: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """The rows ``modes`` (default ``args.modes``) against a server with ``overrides``."""
@@ -146,18 +162,9 @@ async def scenario(hosting: str, overrides: list[str], args: argparse.Namespace,
     batches = _batches()
     try:
         for mode in modes or args.modes:
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, __file__, "--client", target, "--mode", mode,
-                "--callers", str(args.callers), "--calls", str(args.calls),
-                "--window-ms", str(args.window_ms), "--max-items", str(args.max_items),
-                "--min-s", str(args.min_s),
-                stdout=asyncio.subprocess.PIPE)
             cpu = time.process_time() + sum(proc_cpu_s(p.pid) for _, p in extra)
-            out, _ = await child.communicate()
+            row = rows[mode] = await callers_row(target, mode, args)
             cpu = time.process_time() + sum(proc_cpu_s(p.pid) for _, p in extra) - cpu
-            if child.returncode != 0:
-                raise RuntimeError(f"the callers' process failed ({child.returncode})")
-            row = rows[mode] = json.loads(out.decode().strip().splitlines()[-1])
             refused_now = _refused()
             row["refused"], refused = refused_now - refused, refused_now
             stages_now = _refusal_stages()

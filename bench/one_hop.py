@@ -19,17 +19,17 @@ does). Rows:
    (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0`` in that replica's environment);
 4. in process again, after Ray has stopped.
 
-The callers run in a child process (bench/microbatch.py ``--client``): 256 callers x 32 one-item
-calls a round, merged by ``AsyncRewardClient``'s micro-batching (2 ms, 64 items), rounds until
-``--min-s``. A local Ray with ``num_cpus=2``; loopback only; stops by itself. Prints items/s,
-p50/p99 and the ratios of each one-hop row to the mean of the two in-process rows.
+The callers run in a child process (bench/microbatch.py ``--client``, its ``callers_row``): 256
+callers x 32 one-item calls a round, merged by ``AsyncRewardClient``'s micro-batching (2 ms, 64
+items), rounds until ``--min-s``. A local Ray with ``num_cpus=2``; loopback only; stops by
+itself. Prints items/s, p50/p99 and the ratios of each one-hop row to the mean of the two
+in-process rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workload import free_port
+from microbatch import callers_row
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.app import build_service, start_app, tune_gc_for_serving
@@ -47,20 +48,9 @@ from reward_server.rpc.servicer import RewardServicer
 from reward_server.serving import start_engines
 
 FAKE = "engines={judge: {kind: fake}, nli: {kind: fake}}"
-MICROBATCH = Path(__file__).resolve().parent / "microbatch.py"
 APPS = {"thread": "onehop-thread", "loop": "onehop-loop"}
 WARM = pb.ScoreRequest(items=[pb.ScoreItem(id="w", nli_constraints=pb.NliConstraints(
     response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
-
-
-async def run_callers(target: str, args: argparse.Namespace) -> dict[str, Any]:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, str(MICROBATCH), "--client", target, "--mode", "on",
-        "--callers", str(args.callers), "--calls", str(args.calls), "--window-ms", "2",
-        "--max-items", "64", "--min-s", str(args.min_s), stdout=asyncio.subprocess.PIPE)
-    out, _ = await child.communicate()
-    row: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return row
 
 
 async def in_process(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,7 +58,7 @@ async def in_process(args: argparse.Namespace) -> dict[str, Any]:
         overrides=["server.port=0", "server.drain_delay_s=0", FAKE], env={}))
     tune_gc_for_serving()
     try:
-        return await run_callers(app.target, args)
+        return await callers_row(app.target, "on", args)
     finally:
         await app.stop(0)
 
@@ -127,7 +117,7 @@ async def one_hop(app: str, args: argparse.Namespace) -> dict[str, Any]:
     await server.start()
     tune_gc_for_serving()
     try:
-        return await run_callers(f"127.0.0.1:{port}", args)
+        return await callers_row(f"127.0.0.1:{port}", "on", args)
     finally:
         await server.stop(0)
         await handle.shutdown_async()
@@ -159,4 +149,6 @@ if __name__ == "__main__":
     ap.add_argument("--callers", type=int, default=256)
     ap.add_argument("--calls", type=int, default=32, help="one-item calls per caller a round")
     ap.add_argument("--min-s", type=float, default=8.0, help="each row repeats rounds this long")
+    ap.add_argument("--window-ms", type=float, default=2.0, help="micro-batching window")
+    ap.add_argument("--max-items", type=int, default=64, help="items per merged call")
     main(ap.parse_args())

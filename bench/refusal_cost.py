@@ -51,17 +51,24 @@ ITEM = pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
 Row = tuple[str, float, float, dict[str, int]]
 
 
+async def counted(call: Callable[[], Awaitable[object]], codes: dict[str, int]) -> float:
+    """One call: its status code tallied in ``codes``; its round trip in seconds."""
+    t = time.perf_counter()
+    try:
+        await call()
+        codes["OK"] = codes.get("OK", 0) + 1
+    except grpc.aio.AioRpcError as e:
+        codes[e.code().name] = codes.get(e.code().name, 0) + 1
+    return time.perf_counter() - t
+
+
 async def row(name: str, pid: int, n: int, call: Callable[[], Awaitable[object]],
               concurrency: int = 1) -> Row:
     codes: dict[str, int] = {}
 
     async def loop(k: int) -> None:
         for _ in range(k):
-            try:
-                await call()
-                codes["OK"] = codes.get("OK", 0) + 1
-            except grpc.aio.AioRpcError as e:
-                codes[e.code().name] = codes.get(e.code().name, 0) + 1
+            await counted(call, codes)
 
     for _ in range(min(n, 100)):  # warm-up, not counted
         await asyncio.gather(*(loop(1) for _ in range(concurrency)))
@@ -81,19 +88,9 @@ async def burst_row(name: str, pid: int, call: Callable[[], Awaitable[object]], 
     codes: dict[str, int] = {}
     slowest: list[float] = []
     middle: list[float] = []
-
-    async def one() -> float:
-        t = time.perf_counter()
-        try:
-            await call()
-            codes["OK"] = codes.get("OK", 0) + 1
-        except grpc.aio.AioRpcError as e:
-            codes[e.code().name] = codes.get(e.code().name, 0) + 1
-        return time.perf_counter() - t
-
     c0 = proc_cpu_s(pid)
     for _ in range(bursts):
-        lat = sorted(await asyncio.gather(*(one() for _ in range(size))))
+        lat = sorted(await asyncio.gather(*(counted(call, codes) for _ in range(size))))
         slowest.append(lat[-1])
         middle.append(lat[len(lat) // 2])
         await asyncio.sleep(0.05)

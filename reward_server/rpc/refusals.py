@@ -36,14 +36,14 @@ class LoadRefusalLog:
         if not logger.isEnabledFor(logging.INFO):
             return
         now = time.monotonic()
-        if self._last_line is not None and now - self._last_line < self._every_s:
+        last = self._last_line
+        if last is not None and now - last < self._every_s:
             self._counted += 1
             self._latest = f"{rpc}: {message}"
             return
-        if self._counted:
+        if last is not None and self._counted:
             logger.info("%d more calls refused for load in the last %.0f s (latest %s); "
-                        "and now %s -> RESOURCE_EXHAUSTED: %s", self._counted,
-                        now - self._last_line if self._last_line is not None else 0.0,
+                        "and now %s -> RESOURCE_EXHAUSTED: %s", self._counted, now - last,
                         self._latest, rpc, message)
         else:
             logger.info("%s -> RESOURCE_EXHAUSTED: %s (further refusals for load are summed "
