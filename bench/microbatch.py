@@ -7,7 +7,9 @@ engines served in-process and on Ray Serve (a local Ray, num_cpus=2), in one run
     python bench/microbatch.py --no-ray           # in-process only
 
 On Ray it runs the default transport (serving.ray.transport=grpc) with and without
-micro-batching, then with it over Ray actor calls (``--no-actor`` skips that row).
+micro-batching, then with it over Ray actor calls (``--no-actor`` skips that row), then with it
+on ``serving.ray.layout=service``: replicas that run the whole service, one Ray hop per call
+(``--no-service-layout`` skips that row; its replica's CPU is not counted either).
 ``--ingresses N`` serves the Ray rows from N ingress processes (this one, plus N-1
 ``reward-server serve`` processes attached to its applications, docs/operations.md); the callers'
 client round-robins over them, and the server CPU counts all of them.
@@ -42,6 +44,7 @@ from reward_server import domain as d
 from reward_server.app import start_app, tune_gc_for_serving
 from reward_server.client import AsyncRewardClient, CoalesceSettings
 from reward_server.config import load_config
+from reward_server.service_deployment import SEPARATE_THREAD_ENV
 
 FAKE = "engines={judge: {kind: fake}, nli: {kind: fake}}"
 
@@ -244,6 +247,11 @@ async def main() -> None:
     ap.add_argument("--no-local", action="store_true", help="skip the in-process hosting")
     ap.add_argument("--no-actor", action="store_true", help="skip the Ray row with "
                     "serving.ray.transport=actor (Ray actor calls, against the default gRPC path)")
+    ap.add_argument("--no-service-layout", action="store_true", help="skip the Ray row with "
+                    "serving.ray.layout=service (replicas run the whole service, one hop per call)")
+    ap.add_argument("--serve-thread", action="store_true", help="also the layout-service row "
+                    "with the replica's service in Serve's user-code thread (Serve's default; the "
+                    "hosting's default runs it on the replica's own loop)")
     ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"],
                     help="rows to run (default both; the ratios need both)")
     ap.add_argument("--ingresses", type=int, default=1, help="ingress processes on Ray (the "
@@ -265,7 +273,7 @@ async def main() -> None:
           f"max {args.max_items} items per merged call; "
           f"{os.cpu_count()} CPUs", flush=True)
     local = None if args.no_local else await scenario("gRPC->in-process", [], args)
-    ray = actor = None
+    ray = actor = service = thread = None
     on_ray = ["serving.mode=ray", "serving.ray.app_prefix=microbatch", "serving.ray.local_num_cpus=2",
               "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"]
     if not args.no_ray:
@@ -273,10 +281,19 @@ async def main() -> None:
         if not args.no_actor and "on" in args.modes:
             actor = await scenario("Ray, actor calls", [*on_ray, "serving.ray.transport=actor"], args,
                                    modes=["on"])
+        if not args.no_service_layout and "on" in args.modes:
+            one_hop = [*on_ray, "serving.ray.layout=service", "serving.ray.service.num_cpus=0"]
+            service = await scenario("Ray, layout service", one_hop, args, modes=["on"])
+            if args.serve_thread:
+                thread = await scenario("Ray, layout service, Serve's thread", [
+                    *one_hop, f"serving.ray.service.env_vars={{{SEPARATE_THREAD_ENV}: '1'}}"],
+                    args, modes=["on"])
     print("\n| hosting | micro-batching | items/s | p50 ms | p99 ms | server CPU ms/item | callers' CPU ms/item |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for hosting, rows in (("gRPC -> in-process", local), ("gRPC -> Ray Serve", ray),
-                          ("gRPC -> Ray Serve, transport actor", actor)):
+                          ("gRPC -> Ray Serve, transport actor", actor),
+                          ("gRPC -> Ray Serve, layout service (one hop)", service),
+                          ("the same, the replica's service in Serve's user-code thread", thread)):
         for mode, r in (rows or {}).items():
             print(f"| {hosting} | {mode} | {r['items_s']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
                   f"{r['server_ms_item']:.3f} | {r['cpu_ms_item']:.3f} |")
@@ -284,6 +301,10 @@ async def main() -> None:
     print(f"Ray Serve:  with / without micro-batching {ratio(ray, 'on', ray, 'off')}")
     print(f"with micro-batching: Ray / in-process {ratio(ray, 'on', local, 'on')} (target >= 0.8)")
     print(f"with micro-batching on Ray: transport grpc / actor {ratio(ray, 'on', actor, 'on')}")
+    print(f"with micro-batching: Ray layout service / in-process {ratio(service, 'on', local, 'on')} "
+          "(target >= 0.8)")
+    if thread is not None:
+        print(f"layout service, Serve's user-code thread / in-process {ratio(thread, 'on', local, 'on')}")
 
 if __name__ == "__main__":
     asyncio.run(main())

@@ -16,66 +16,46 @@ configuration and hand its sections to the hosting layer.
 
 from __future__ import annotations
 
-import gc
 import logging
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from reward_server import tracing
-from reward_server.backends.settings import JudgeNLISettings
+from reward_server.compose import SERVER_GC_THRESHOLDS, build_service, engine_batches, tune_gc_for_serving
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
 from reward_server.metrics import MetricsServer
 from reward_server.rpc.http import HttpDoor
 from reward_server.rpc.server import SHARE_PORT_HINT, RewardGrpcServer, create_server
 from reward_server.rpc.settings import host_port
-from reward_server.service import RewardService
+from reward_server.service import Admission, RewardService
 from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
+
+__all__ = [
+    "SERVER_GC_THRESHOLDS", "RewardApp", "build_service", "check_port_free", "engine_batches",
+    "judge_app", "nli_app", "service_app", "start_app", "tune_gc_for_serving",
+]
 
 logger = logging.getLogger(__name__)
 
 
-def engine_batches(config: RewardServerConfig) -> tuple[int, int]:
-    """Items one full batch of every replica of the judge and of a separate NLI engine holds:
-    their ``batching.max_items`` times their most replicas on Ray (0 for an engine the config
-    does not name; judge-as-NLI sends its pairs to the judge). Sizes the default admission."""
-    out = []
-    for name in ("judge", "nli"):
-        engine = getattr(config.engines, name)
-        if engine is None or isinstance(engine, JudgeNLISettings):
-            out.append(0)
-            continue
-        replicas = 1
-        if config.serving.mode == "ray":
-            replicas = getattr(config.serving.ray, name).max_replicas
-        out.append(engine.batching.max_items * replicas)
-    return out[0], out[1]
+class Hosting(Protocol):
+    """What a started server closes last: its engines, or the service replicas it forwards to."""
 
-
-def build_service(config: RewardServerConfig, engines: Engines) -> RewardService:
-    """The orchestration layer over ``engines`` with the config's science, limits and
-    admission control (sized for the engines, see :func:`engine_batches`)."""
-    judge_items, nli_items = engine_batches(config)
-    return RewardService(
-        judge=engines.judge,
-        nli=engines.nli,
-        settings=config.service,
-        rubric_settings=config.rubric,
-        nli_settings=config.nli,
-        fake_engines=config.engines.fake,
-        engine_batch_items=max(1, judge_items + nli_items),
-        nli_batch_items=nli_items,
-    )
+    async def close(self) -> None: ...
 
 
 @dataclass
 class RewardApp:
-    """A started reward server: its engines, service, gRPC server and HTTP/JSON door."""
+    """A started reward server: its engines, service, gRPC server and HTTP/JSON door.
+
+    With ``serving.ray.layout: service`` the service and its engines run in the Serve replicas:
+    ``service`` is None and ``engines`` the :class:`ServiceHost` the calls go to."""
 
     config: RewardServerConfig
-    engines: Engines
-    service: RewardService
+    engines: Engines | Hosting
+    service: RewardService | None
     server: RewardGrpcServer
     port: int
     http: HttpDoor | None = None
@@ -142,28 +122,17 @@ async def start_app(
                         setting="server.metrics_port (null: no metrics port)")
     tracing.configure(enabled=config.server.tracing.enabled,
                       otlp_endpoint=config.server.tracing.otlp_endpoint)
+    if config.serving.mode == "ray" and config.serving.ray.layout == "service":
+        return await _start_forwarding(config, judge_factory=judge_factory,
+                                       nli_factory=nli_factory)
     engines = start_engines(
         config.engines, config.serving, judge_factory=judge_factory, nli_factory=nli_factory
     )
-    metrics_server: MetricsServer | None = None
     try:
         service = build_service(config, engines)
         server, port = create_server(config.server, service, health_probe=engines.health)
-        if config.server.metrics_port is not None:
-            metrics_server = MetricsServer(config.server.metrics_port, addr=config.server.host)
-        door = None
-        if http.port is not None:
-            door = HttpDoor(config.server, server.servicer, server.monitor)
-        await server.start()
-        if door is not None:
-            try:
-                await door.start()
-            except BaseException:
-                await server.stop(0, drain_delay=0)
-                raise
+        door, metrics_server = await _serve(config, server)
     except BaseException:
-        if metrics_server is not None:
-            metrics_server.close()
         await engines.close()
         raise
     logger.info(
@@ -175,34 +144,69 @@ async def start_app(
                      http=door, metrics=metrics_server)
 
 
-SERVER_GC_THRESHOLDS = (25_000, 50, 100)  # gc.set_threshold of a serving process (see below)
+async def _serve(
+    config: RewardServerConfig, server: RewardGrpcServer
+) -> tuple[HttpDoor | None, MetricsServer | None]:
+    """Start ``server``, the metrics port and the HTTP/JSON door; on failure what started
+    stops again."""
+    metrics_server: MetricsServer | None = None
+    try:
+        if config.server.metrics_port is not None:
+            metrics_server = MetricsServer(config.server.metrics_port, addr=config.server.host)
+        door = None
+        if config.server.http.port is not None:
+            door = HttpDoor(config.server, server.servicer, server.monitor)
+        await server.start()
+        if door is not None:
+            try:
+                await door.start()
+            except BaseException:
+                await server.stop(0, drain_delay=0)
+                raise
+    except BaseException:
+        if metrics_server is not None:
+            metrics_server.close()
+        raise
+    return door, metrics_server
 
 
-def tune_gc_for_serving() -> None:
-    """Python's cyclic GC as a serving process wants it; call once start-up is done (what
-    ``reward-server serve`` does after :func:`start_app`).
+async def _start_forwarding(
+    config: RewardServerConfig, *, judge_factory: JudgeFactory | None,
+    nli_factory: NLIFactory | None,
+) -> RewardApp:
+    """``serving.ray.layout: service``: deploy (or attach to) the service replicas and serve
+    a gRPC ingress that forwards each call to one of them (:mod:`reward_server.rpc.forwarding`)."""
+    from reward_server.service_deployment import service_application
+    from reward_server.serving._private.service_host import start_service_host
 
-    What start-up loaded (modules, models) lives as long as the process: ``gc.freeze()`` keeps
-    it out of the full collections, whose pauses would otherwise hold the event loop (health).
-    Fewer young collections: with thousands of items in flight (64 calls x 256 items) the
-    default thresholds (700, 10, 10) made the collector's passes over the live objects grow
-    with the load; measured (bench/scaling.py --per-call 256 --concurrency 16 64 --min-s 15,
-    with and without --gc-gen0 50000): server CPU per item 0.254 -> 0.214 ms at 16 and
-    0.387 -> 0.237 ms at 64, items/s at 64 2,569 -> 3,699. Garbage reference cycles live
-    longer in exchange (the idle trim runs a full collection, rpc/memory.py).
+    ray_settings = config.serving.ray
+    application = None
+    if ray_settings.deploy:
+        application = service_application(config, judge_factory=judge_factory,
+                                          nli_factory=nli_factory)
+    host = start_service_host(ray_settings, application, model=_models(config))
+    try:
+        admitted = config.service.admission
+        admission = Admission(max_judgments=None, max_bytes=(
+            admitted.max_request_bytes_in_flight if admitted.enabled else None))
+        server, port = create_server(config.server, None, health_probe=host.health,
+                                     forward=host.forward, admission=admission)
+        door, metrics_server = await _serve(config, server)
+    except BaseException:
+        await host.close()
+        raise
+    logger.info("reward server listening on %s:%d, forwarding to Serve application %s "
+                "(judge=%s, serving=ray, layout=service%s)", config.server.host, port,
+                host.app_name, host.model_id, ", FAKE ENGINES" if config.engines.fake else "")
+    return RewardApp(config=config, engines=host, service=None, server=server, port=port,
+                     http=door, metrics=metrics_server)
 
-    The young threshold is 25,000, not the 50,000 first measured: each finished call then left
-    a reference cycle in gRPC (its call state and the done callbacks it holds), freed only by
-    a collection, and a young pass freed all that came since the last one at once (the done
-    callbacks' cycles are gone, :func:`reward_server.rpc.grpc_metrics.when_done`; the request
-    iterator's remains). In a run
-    of bench/faults.py the 50,000 passes held the event loop up to 118 ms (health checks
-    queue behind such holds); in a run at 25,000 the longest was 67 ms, at the same
-    throughput (bench/scaling.py --per-call 1 256 --concurrency 64 --min-s 15, 256-item
-    calls: 3,389 items/s at 50,000, 3,487 at 25,000, 2,838 at 10,000; one run each).
-    """
-    gc.freeze()
-    gc.set_threshold(*SERVER_GC_THRESHOLDS)
+
+def _models(config: RewardServerConfig) -> str:
+    """The configured models, for the start-up progress lines."""
+    names = [str(getattr(e, "model", None) or e.kind)
+             for e in (config.engines.judge, config.engines.nli) if e is not None]
+    return " + ".join(names) or "(no engines)"
 
 
 def check_port_free(
@@ -232,7 +236,7 @@ def check_port_free(
 
 
 # ------------------------------------------------------------------- Ray Serve applications
-def _serve_config(args: dict[str, Any]) -> RewardServerConfig:
+def serve_config(args: dict[str, Any]) -> RewardServerConfig:
     unknown = set(args) - {"config", "overrides"}
     if unknown:
         raise ConfigError(
@@ -253,7 +257,7 @@ def judge_app(args: dict[str, Any]) -> Any:
     """
     from reward_server.serving._private.runtime import judge_application
 
-    config = _serve_config(args)
+    config = serve_config(args)
     return judge_application(config.engines, config.serving.ray)
 
 
@@ -261,5 +265,13 @@ def nli_app(args: dict[str, Any]) -> Any:
     """The NLI Serve application (for ``serve deploy``; ``args``: config, overrides)."""
     from reward_server.serving._private.runtime import nli_application
 
-    config = _serve_config(args)
+    config = serve_config(args)
     return nli_application(config.engines, config.serving.ray)
+
+
+def service_app(args: dict[str, Any]) -> Any:
+    """The service Serve application of ``serving.ray.layout: service`` (for ``serve
+    deploy``; ``args``: config, overrides): replicas that each run the whole service."""
+    from reward_server.service_deployment import service_application
+
+    return service_application(serve_config(args))

@@ -299,8 +299,9 @@ class HttpDoor:
     async def _call(self, request: Request, rpc: str,
                     receive: Callable[[], Awaitable[bytes]]) -> Message:
         self._authorize(request)
-        return await self._servicer.call(rpc, receive, time_remaining=lambda: None,
-                                         transport="http")
+        reply = await self._servicer.call(rpc, receive, time_remaining=lambda: None,
+                                          transport="http")
+        return self._servicer.as_message(rpc, reply)
 
     def _parse(self, cls: type[Message], body: bytes | bytearray) -> bytes:
         http = self._settings.http

@@ -32,13 +32,14 @@ from grpc_health.v1._async import HealthServicer
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import BearerTokenInterceptor
+from reward_server.rpc.forwarding import Forward, ForwardingServicer
 from reward_server.rpc.grpc_metrics import GrpcMetricsInterceptor
 from reward_server.rpc.health import HealthMonitor, Probe
 from reward_server.rpc.memory import fix_mmap_threshold
 from reward_server.rpc.reflection import enable_reflection
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings, host_port
-from reward_server.service import RewardService
+from reward_server.service import Admission, RewardService
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RewardService"].full_name
@@ -72,7 +73,7 @@ class RewardGrpcServer:
         server: grpc.aio.Server,
         monitor: HealthMonitor,
         servicer: RewardServicer,
-        service: RewardService,
+        service: RewardService | None,
         settings: ServerSettings,
         *,
         health_server: grpc.aio.Server | None = None,
@@ -234,12 +235,21 @@ def _fit_open_files(max_connections: int | None) -> None:
 
 
 def create_server(
-    settings: ServerSettings, service: RewardService, *, health_probe: Probe | None = None
+    settings: ServerSettings,
+    service: RewardService | None,
+    *,
+    health_probe: Probe | None = None,
+    forward: Forward | None = None,
+    admission: Admission | None = None,
 ) -> tuple[RewardGrpcServer, int]:
     """Build the server and bind its port (``port=0`` picks a free one); not started.
 
     ``health_probe`` (``Engines.health``) drives grpc.health.v1; None: SERVING until drained.
+    ``service`` None: the calls are forwarded to service replicas by ``forward``, with the
+    ingress's own ``admission`` (:mod:`reward_server.rpc.forwarding`).
     """
+    if (service is None) == (forward is None):
+        raise TypeError("create_server takes a service or a forward, one of them")
     s = settings
     _fit_open_files(s.max_connections)
     fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
@@ -254,7 +264,13 @@ def create_server(
     )
     health = HealthServicer()
     monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s)
-    servicer = RewardServicer(service, s, on_engine_failure=monitor.poke)
+    servicer: RewardServicer
+    if service is not None:
+        servicer = RewardServicer(service, s, on_engine_failure=monitor.poke)
+    else:
+        assert forward is not None
+        servicer = ForwardingServicer(forward, s, admission=admission or Admission.off(),
+                                      on_engine_failure=monitor.poke)
     handlers = servicer.handlers()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]

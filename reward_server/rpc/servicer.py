@@ -28,7 +28,8 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -44,14 +45,38 @@ from reward_server.rpc.refusals import LoadRefusalLog
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import message_for, status_for, trailers_for
 from reward_server.rpc.unsent import UnsentResponses
-from reward_server.service import RewardService, Ticket
+from reward_server.service import Admission, RewardService, Ticket
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 Requests = AsyncIterator[bytes]
-Work = Callable[[bytes, Ticket, Any], Awaitable[Message]]  # (request, ticket, span) -> response
+
+
+class Reply(Protocol):
+    """A method's answer: a response message, or its bytes as a service replica sent them
+    (:mod:`reward_server.rpc.forwarding`)."""
+
+    def SerializeToString(self) -> bytes: ...
+
+    def ByteSize(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallState:
+    """What a method's work may need of its call besides the request."""
+
+    span: Any  # the call's tracing span
+    deadline: float  # the event loop's time when the call's deadline passes
+    attempts: int  # the client's previous attempts of this call
+
+
+Work = Callable[[bytes, Ticket, CallState], Awaitable[Reply]]  # (request, ticket, call) -> response
 _FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
+RESPONSES: dict[str, type[Message]] = {
+    "Score": pb.ScoreResponse, "InduceRubrics": pb.InduceRubricsResponse,
+    "Verify": pb.VerifyResponse, "Info": pb.InfoResponse,
+}
 
 
 ATTEMPTS_KEYS = ("grpc-previous-rpc-attempts", "reward-previous-attempts")
@@ -80,6 +105,25 @@ class RewardServicer:
         on_engine_failure: Callable[[], None] | None = None,
     ) -> None:
         self._service = service
+        self._setup(settings, admission=service.admission, on_engine_failure=on_engine_failure)
+        self._max_bytes = {  # no valid request of the method is larger
+            "Score": settings.max_message_bytes,
+            **service.largest_request_bytes(_FIELD_OVERHEAD),  # InduceRubrics, Verify
+            "Info": 1024,
+        }
+        self._work: dict[str, tuple[Work, bool]] = {  # method -> (its work, admitted?)
+            "Score": (self._score, True),
+            "InduceRubrics": (self._induce, True),
+            "Verify": (self._verify, True),
+            "Info": (self._info, False),  # admitted as a call, with no judgments
+        }
+
+    def _setup(
+        self, settings: ServerSettings, *, admission: Admission,
+        on_engine_failure: Callable[[], None] | None,
+    ) -> None:
+        """What every servicer holds: the gate, the count of calls in flight, admission."""
+        self._admission = admission
         self._settings = settings
         self._on_engine_failure = on_engine_failure
         self._accepting = True
@@ -95,31 +139,29 @@ class RewardServicer:
         self.trimmer = Trimmer(busy=lambda: self._active > 0)
         self._refusals = LoadRefusalLog()
         self._info_reply: pb.InfoResponse | None = None
-        self._max_bytes = {  # no valid request of the method is larger
-            "Score": settings.max_message_bytes,
-            **service.largest_request_bytes(_FIELD_OVERHEAD),  # InduceRubrics, Verify
-            "Info": 1024,
-        }
-        self._work: dict[str, tuple[Work, bool]] = {  # method -> (its work, admitted?)
-            "Score": (self._score, True),
-            "InduceRubrics": (self._induce, True),
-            "Verify": (self._verify, True),
-            "Info": (self._info, False),  # admitted as a call, with no judgments
-        }
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
         def handler(fn: Callable[[Requests, Context], Awaitable[Any]],
-                    response: Any) -> grpc.RpcMethodHandler[Any, Any]:
+                    rpc: str) -> grpc.RpcMethodHandler[Any, Any]:
             return grpc.stream_unary_rpc_method_handler(
-                fn, request_deserializer=None, response_serializer=response.SerializeToString
+                fn, request_deserializer=None, response_serializer=self._serializer(rpc)
             )
 
         return {
-            "Score": handler(self.Score, pb.ScoreResponse),
-            "InduceRubrics": handler(self.InduceRubrics, pb.InduceRubricsResponse),
-            "Verify": handler(self.Verify, pb.VerifyResponse),
-            "Info": handler(self.Info, pb.InfoResponse),
+            "Score": handler(self.Score, "Score"),
+            "InduceRubrics": handler(self.InduceRubrics, "InduceRubrics"),
+            "Verify": handler(self.Verify, "Verify"),
+            "Info": handler(self.Info, "Info"),
         }
+
+    def _serializer(self, rpc: str) -> Callable[[Any], bytes]:
+        serialize: Callable[[Any], bytes] = RESPONSES[rpc].SerializeToString
+        return serialize
+
+    def as_message(self, rpc: str, reply: Reply) -> Message:
+        """``reply`` of method ``rpc`` as its response message (the HTTP door's JSON)."""
+        assert isinstance(reply, Message)
+        return reply
 
     # ------------------------------------------------------------------ drain
     @property
@@ -181,7 +223,7 @@ class RewardServicer:
         transport: str,
         park: Callable[[], Awaitable[None]] | None = None,
         attempts: int = 0,
-    ) -> Message:
+    ) -> Reply:
         """Method ``rpc`` of any transport: the draining gate, admission, the deadline
         (``time_remaining()`` seconds, None: ``server.default_timeout_s``), the request
         (``receive()``: its serialized message), the work, metrics, logs and the call's span.
@@ -209,16 +251,17 @@ class RewardServicer:
                 remaining = time_remaining()
                 timeout = (self._settings.default_timeout_s if remaining is None
                            else max(0.0, remaining))
-                admission = self._service.admission
+                admission = self._admission
                 try:
-                    async with asyncio.timeout(timeout):
+                    async with asyncio.timeout(timeout) as deadline:
                         # refused here when full (Info holds a call, no judgments): nothing read
                         with await admission.arrive(judged=admit, attempts=attempts) as ticket:
                             raw = await receive()
                             received = len(raw)
                             self._check_size(rpc, raw)
                             ticket.add_bytes(len(raw))
-                            return await work(raw, ticket, current)
+                            state = CallState(current, deadline.when() or 0.0, attempts)
+                            return await work(raw, ticket, state)
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
@@ -294,11 +337,11 @@ class RewardServicer:
         return await self._run("Info", requests, context)  # type: ignore[no-any-return]
 
     # -------------------------------------------------------------- the work
-    async def _score(self, raw: bytes, ticket: Ticket, current: Any) -> pb.ScoreResponse:
+    async def _score(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.ScoreResponse:
         check = self._service.batch_check()  # refuses at the first bad item
         items = await convert.score_items(raw, check)
         batch = check.done(items)
-        tracing.set_attribute(current, "items", len(items))
+        tracing.set_attribute(call.span, "items", len(items))
         try:
             results = await self._service.score(batch, ticket=ticket)
         except Exception:
@@ -309,7 +352,7 @@ class RewardServicer:
             metrics.observe_item(d.kind_of(item.spec).value, result.status.value, result.reward)
         return await convert.score_response(results)
 
-    async def _induce(self, raw: bytes, ticket: Ticket, current: Any) -> pb.InduceRubricsResponse:
+    async def _induce(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.InduceRubricsResponse:
         request = wire.parse(pb.InduceRubricsRequest, raw)
         result = await self._service.induce_rubrics(
             convert.history_from_proto(request.history),
@@ -320,7 +363,7 @@ class RewardServicer:
         )
         return convert.induction_to_proto(result)
 
-    async def _verify(self, raw: bytes, ticket: Ticket, current: Any) -> pb.VerifyResponse:
+    async def _verify(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.VerifyResponse:
         request = wire.parse(pb.VerifyRequest, raw)
         v = await self._service.verify(
             response=request.response,
@@ -331,7 +374,7 @@ class RewardServicer:
         )
         return convert.verification_to_proto(v)
 
-    async def _info(self, raw: bytes, ticket: Ticket, current: Any) -> pb.InfoResponse:
+    async def _info(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.InfoResponse:
         wire.parse(pb.InfoRequest, raw)
         if self._info_reply is None:  # it does not change while the server runs: build it once
             reply = convert.info_to_proto(self._service.info())  # (64 callers building it

@@ -101,3 +101,24 @@ def http_headers_for(exc: BaseException) -> dict[str, str]:
     if isinstance(exc, errors.Unauthenticated):
         return {"WWW-Authenticate": 'Bearer realm="reward-server"'}
     return {}
+
+
+# the error each code crosses a process boundary as (a service replica to its ingress,
+# :mod:`reward_server.rpc.forwarding`): one of ours, which pickles with its fields
+_PORTABLE: dict[grpc.StatusCode, type[errors.RewardServerError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidRequest,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.ConfigError,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.Overloaded,
+    grpc.StatusCode.UNAVAILABLE: errors.BackendUnavailable,
+    grpc.StatusCode.INTERNAL: errors.EngineError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+}
+
+
+def portable(exc: BaseException) -> errors.RewardServerError:
+    """``exc`` as one of our errors that maps to the same code, message and trailers here
+    (ours as they are): what a service replica raises to the ingress that forwarded the call."""
+    if isinstance(exc, errors.RewardServerError):
+        return exc
+    return _PORTABLE[status_for(exc)](message_for(exc))

@@ -16,6 +16,10 @@ behind a :class:`~reward_server.serving.batching.Batcher` configured by its ``ba
 Errors: Serve backpressure -> ``Overloaded``; a replica dying mid-call is retried
 ``serving.ray.max_retries`` times, then ``BackendUnavailable``.
 
+``serving.ray.layout: service`` hosts the whole service instead of the engines: one application
+whose replicas are composed above this layer (:mod:`reward_server.service_deployment`), deployed
+and called by :mod:`reward_server.serving._private.service_host` with the same call policy.
+
 Ingress scale-out
 -----------------
 The gRPC ingress (``reward-server serve``) is stateless: all it holds is two Serve deployment

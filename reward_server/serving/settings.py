@@ -102,9 +102,10 @@ class DeploymentSettings(BaseModel):
             cfg["initial_replicas"] = self.initial_replicas
         return cfg
 
-    def deployment_options(self, *, max_items: int) -> dict[str, Any]:
-        """Keyword arguments for ``Deployment.options`` (same keys as a Serve config file)."""
-        return {
+    def deployment_options(self, *, max_items: int | None) -> dict[str, Any]:
+        """Keyword arguments for ``Deployment.options`` (same keys as a Serve config file);
+        ``max_items`` None: no ``user_config`` (a deployment without ``reconfigure``)."""
+        options: dict[str, Any] = {
             "autoscaling_config": self.autoscaling_config(),
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,
@@ -115,8 +116,10 @@ class DeploymentSettings(BaseModel):
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
-            "user_config": self.user_config(max_items=max_items),
         }
+        if max_items is not None:
+            options["user_config"] = self.user_config(max_items=max_items)
+        return options
 
 
 class RaySettings(BaseModel):
@@ -186,6 +189,16 @@ class RaySettings(BaseModel):
         "actor calls (Serve's default). bench/microbatch.py on 2 cores: grpc gave 1.2x the "
         "items/s of actor through Ray."
     )
+    layout: Literal["engines", "service"] = Field(
+        "engines", description="What the Serve replicas run. engines: one application per "
+        "engine (<app_prefix>-judge, <app_prefix>-nli); the gRPC ingress parses, validates and "
+        "admits each call and sends the engines' batches to their replicas (two Ray hops per "
+        "call that uses both engines). service: one application, <app_prefix>-service, whose "
+        "replicas each run the whole reward service (both engines in process, parsing, "
+        "admission, scoring); the ingress forwards each call's bytes to one replica (one hop) "
+        "and answers with that replica's bytes. Sized by serving.ray.service; admission is per "
+        "replica. bench/microbatch.py on 2 CPUs: see docs/performance.md."
+    )
     ready_timeout_s: float = Field(
         600.0, gt=0.0, description="How long start-up waits for the applications to be RUNNING "
         "(model loading included)."
@@ -200,7 +213,15 @@ class RaySettings(BaseModel):
         "judge-as-NLI then calls the judge deployment).",
     )
 
-    def app_name(self, kind: Literal["judge", "nli"]) -> str:
+    service: DeploymentSettings = Field(
+        default_factory=DeploymentSettings,
+        description="The service deployment (layout: service only): its replicas each hold "
+        "both engines, so give them the judge's resources (num_gpus) on a GPU cluster. The "
+        "replica runs the service on its own event loop "
+        "(RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 is added to env_vars unless set there).",
+    )
+
+    def app_name(self, kind: Literal["judge", "nli", "service"]) -> str:
         return f"{self.app_prefix}-{kind}"
 
 

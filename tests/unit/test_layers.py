@@ -1,11 +1,12 @@
 """The import graph of reward_server/ and trainer/, read from the source (every import
 statement, those inside functions too): no cycles, and each layer imports only the ones below.
 
-Layers, top to bottom: entry points (cli, app, eval) > config > transport (rpc) > orchestration
-(the service package, then the reward kinds it dispatches through) > hosting (serving) > science
-(rubric, nli) > engines (backends) > shared leaves (domain, errors, numerics, components,
-metrics, cooperative). Beside them: the client (on rpc.convert and the leaves), the framework
-integrations (on the client), and the trainer, which sees only reward_server's public faces.
+Layers, top to bottom: entry points (cli, app with compose and service_deployment, eval) >
+config > transport (rpc) > orchestration (the service package, then the reward kinds it
+dispatches through) > hosting (serving) > science (rubric, nli) > engines (backends) > shared
+leaves (domain, errors, numerics, components, metrics, cooperative). Beside them: the client (on
+rpc.convert and the leaves), the framework integrations (on the client), and the trainer, which
+sees only reward_server's public faces.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     ),
 }
 
+
+# the composition modules sit with app at the top: nothing below imports them
+for _layer, _forbidden in FORBIDDEN.items():
+    if "reward_server.app" in _forbidden:
+        FORBIDDEN[_layer] += ("reward_server.compose", "reward_server.service_deployment")
 
 # the layers below the kinds, and the client side, never import them
 for _layer in ("reward_server.backends", "reward_server.rubric", "reward_server.nli",

@@ -22,6 +22,7 @@ The service layer sees ordinary engines; Ray stays behind this module. Per call:
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -189,8 +190,8 @@ class HandleCaller:
             except RayTaskError as e:
                 metrics.observe_engine_call(self._deployment, method, "error", 0.0)
                 cause = e.cause
-                if isinstance(cause, RewardServerError):
-                    raise type(cause)(str(cause)) from e
+                if isinstance(cause, RewardServerError):  # a copy: its fields (the retry
+                    raise copy.copy(cause) from e             # pushback) kept, Ray's wrap not
                 if isinstance(cause, BaseException):
                     raise engine_failure(cause, f"the {self._deployment} replica") from e
                 raise

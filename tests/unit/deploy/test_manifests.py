@@ -17,7 +17,7 @@ import yaml
 from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
 from reward_server import app as serve_app
-from reward_server.config import load_config
+from reward_server.config import RewardServerConfig, load_config
 from reward_server.serving.settings import DeploymentSettings, RaySettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -391,3 +391,24 @@ def test_images_set_rewrites_every_manifest_and_check_then_passes(tmp_path: Path
     for doc in yaml.safe_load_all((copy / "kuberay/rayservice.yaml").read_text()):
         if doc["kind"] in ("RayService", "Deployment"):
             assert {c["image"] for _, c in _containers(doc)} == {new}
+
+
+def test_the_service_layout_deploys_replicas_that_run_the_service_on_their_own_loop() -> None:
+    from reward_server.service_deployment import SEPARATE_THREAD_ENV, replica_config
+
+    config = load_config(overrides=[
+        "engines={judge: {kind: fake}, nli: {kind: fake}}", "serving.mode=ray",
+        "serving.ray.layout=service", "serving.ray.service.max_replicas=3",
+        "serving.ray.service.env_vars={HF_HUB_OFFLINE: '1'}"], env={})
+    opts = config.serving.ray.service.deployment_options(max_items=None)
+    assert "user_config" not in opts and opts["autoscaling_config"]["max_replicas"] == 3
+    from reward_server.service_deployment import service_application
+
+    app = service_application(config)
+    deployment = app._bound_deployment
+    env = deployment.ray_actor_options["runtime_env"]["env_vars"]
+    assert env == {SEPARATE_THREAD_ENV: "0", "HF_HUB_OFFLINE": "1"}
+    assert deployment.user_config is None
+    # the replica hosts its engines itself: its config says so, and it validates
+    built = RewardServerConfig.model_validate(replica_config(config))
+    assert built.serving.mode == "inprocess" and built.engines == config.engines

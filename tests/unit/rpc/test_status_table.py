@@ -1,6 +1,8 @@
 import inspect
+import pickle
 
 import grpc
+import pytest
 
 from reward_server import errors
 from reward_server.rpc.status import (
@@ -8,6 +10,7 @@ from reward_server.rpc.status import (
     RETRY_PUSHBACK_KEY,
     STATUS_TABLE,
     message_for,
+    portable,
     status_for,
     trailers_for,
 )
@@ -64,3 +67,17 @@ def test_overloaded_carries_the_retry_pushback() -> None:
     assert trailers_for(errors.Overloaded("full", retry_after_s=0.2504)) == ((RETRY_PUSHBACK_KEY, "250"),)
     assert trailers_for(errors.Overloaded("full")) == ()
     assert trailers_for(errors.InvalidRequest("bad")) == ()
+
+
+@pytest.mark.parametrize("exc", [
+    TimeoutError(), MemoryError("out of memory"), ConnectionError("reset"), KeyError("x"),
+    errors.Overloaded("full", retry_after_s=0.25), errors.InvalidRequest("items[0]: bad"),
+])
+def test_an_error_crosses_a_process_as_one_of_ours_with_the_same_answer(exc: BaseException) -> None:
+    """What a service replica raises to its ingress (pickled by Ray) keeps the code, the
+    message and the trailers the table gives the original."""
+    back = pickle.loads(pickle.dumps(portable(exc)))
+    assert isinstance(back, errors.RewardServerError)
+    assert status_for(back) is status_for(exc)
+    assert message_for(back) == message_for(exc)
+    assert trailers_for(back) == trailers_for(exc)

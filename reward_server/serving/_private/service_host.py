@@ -1,0 +1,119 @@
+"""``serving.ray.layout: service``: one Serve application whose replicas each run the whole
+reward service; this process forwards each call to one of them (one Ray hop per call).
+
+What runs in a replica is composed above this layer (:mod:`reward_server.service_deployment`
+builds the bound application and hands it here); this module starts or joins Ray, deploys or
+attaches to the application, and calls it with :class:`HandleCaller`'s policy: Serve's
+backpressure is ``Overloaded``, a replica that dies mid-call is retried
+``serving.ray.max_retries`` times on another, the errors a replica raises come back as ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray import serve
+
+from reward_server.backends.base import Health
+from reward_server.errors import EngineError
+from reward_server.serving._private.adapters import HandleCaller
+from reward_server.serving._private.runtime import (
+    _blocking,
+    _deploy_and_wait,
+    _ensure_ray,
+    _info,
+    _leave_apps,
+)
+from reward_server.serving._private.watch import AppWatch
+from reward_server.serving.settings import RaySettings
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceHost:
+    """The service application this process deployed or attached to: :meth:`forward` one call
+    to a replica, its :meth:`health`, and its shutdown (:meth:`close`)."""
+
+    def __init__(
+        self, *, caller: HandleCaller, model_id: str, settings: RaySettings,
+        deployed: list[str], owns_ray: bool, connected_ray: bool,
+    ) -> None:
+        self._caller = caller
+        self.model_id = model_id
+        self._settings = settings
+        self._deployed = deployed
+        self._owns_ray = owns_ray
+        self._connected_ray = connected_ray
+        self._closed = False
+
+    @property
+    def app_name(self) -> str:
+        return self._settings.app_name("service")
+
+    async def forward(self, rpc: str, raw: bytes, *, timeout_s: float, attempts: int) -> bytes:
+        """Method ``rpc`` with request bytes ``raw`` on one replica: its response bytes."""
+        (out,) = await self._caller.call("call", [(rpc, raw, timeout_s, attempts)])
+        if not isinstance(out, bytes):
+            raise EngineError(f"the service replica answered {type(out).__name__}, not bytes")
+        return out
+
+    async def health(self) -> dict[str, Health]:
+        """Healthy iff the application has a RUNNING replica (a replica whose engines fail
+        its health check is replaced by Serve)."""
+        return {"service": await self._caller.health.check()}
+
+    async def close(self) -> None:
+        """Shut down this loop's router, then :meth:`shutdown`."""
+        stopping = not self._closed and (self._owns_ray or self._connected_ray)
+        await self._caller.close(ray_stopping=stopping)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Delete the application if this process deployed it (unless
+        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            attached = [] if self._settings.deploy else [self.app_name]
+            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
+            if self._owns_ray:
+                _blocking(serve.shutdown)
+        finally:
+            if self._owns_ray or self._connected_ray:
+                ray.shutdown()
+
+
+def start_service_host(settings: RaySettings, application: Any | None, *, model: str) -> ServiceHost:
+    """Deploy ``application`` (a bound service deployment; None with ``serving.ray.deploy:
+    false``, which attaches to the running one) as ``<app_prefix>-service`` and wait until it
+    runs; ``model``: what the user configured, for the progress lines."""
+    owns_ray, connected = _ensure_ray(settings)
+    name = settings.app_name("service")
+    deployed: list[str] = []
+    try:
+        apps: dict[str, Any] = {}
+        if settings.deploy:
+            if application is None:
+                raise ValueError("serving.ray.deploy is true: give the application to deploy")
+            _blocking(lambda: serve.start(proxy_location="Disabled"))
+            apps[name] = application
+        handles = _deploy_and_wait(apps, [AppWatch(name, model, "service")], settings,
+                                   owns_ray=owns_ray, deployed=deployed)
+        handle = handles[name]
+        caller = HandleCaller(handle, deployment="service", app=name,
+                              timeout_s=settings.call_timeout_s,
+                              max_retries=settings.max_retries, transport=settings.transport)
+        model_id = str(_info(handle, settings.ready_timeout_s)["model_id"])
+    except BaseException:
+        if owns_ray:
+            logger.info("stopping the embedded local Ray (Serve applications: %s)",
+                        ", ".join(deployed) or "none")
+            ray.shutdown()
+        else:
+            _leave_apps(deployed, [], settings, owns_ray=False)
+        raise
+    return ServiceHost(caller=caller, model_id=model_id, settings=settings, deployed=deployed,
+                       owns_ray=owns_ray, connected_ray=connected)
