@@ -274,15 +274,15 @@ async def main() -> None:
           f"{os.cpu_count()} CPUs", flush=True)
     local = None if args.no_local else await scenario("gRPC->in-process", [], args)
     ray = actor = service = thread = None
-    on_ray = ["serving.mode=ray", "serving.ray.app_prefix=microbatch", "serving.ray.local_num_cpus=2",
-              "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"]
+    ray_base = ["serving.mode=ray", "serving.ray.app_prefix=microbatch", "serving.ray.local_num_cpus=2"]
+    on_ray = [*ray_base, "serving.ray.judge.num_cpus=0", "serving.ray.nli.num_cpus=0"]
     if not args.no_ray:
         ray = await scenario("gRPC->Ray Serve", on_ray, args)
         if not args.no_actor and "on" in args.modes:
             actor = await scenario("Ray, actor calls", [*on_ray, "serving.ray.transport=actor"], args,
                                    modes=["on"])
         if not args.no_service_layout and "on" in args.modes:
-            one_hop = [*on_ray, "serving.ray.layout=service", "serving.ray.service.num_cpus=0"]
+            one_hop = [*ray_base, "serving.ray.layout=service", "serving.ray.service.num_cpus=0"]
             service = await scenario("Ray, layout service", one_hop, args, modes=["on"])
             if args.serve_thread:
                 thread = await scenario("Ray, layout service, Serve's thread", [

@@ -221,6 +221,19 @@ class RaySettings(BaseModel):
         "(RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 is added to env_vars unless set there).",
     )
 
+    @model_validator(mode="after")
+    def _deployments_of_the_layout(self) -> RaySettings:
+        ignored = ("judge", "nli") if self.layout == "service" else ("service",)
+        for name in ignored:
+            if name in self.model_fields_set and getattr(self, name).model_fields_set:
+                used = "serving.ray.service" if self.layout == "service" else (
+                    "serving.ray.judge / serving.ray.nli")
+                raise ValueError(
+                    f"serving.ray.{name} is set but serving.ray.layout is {self.layout}, whose "
+                    f"replicas are sized by {used}; move the settings there or set the layout"
+                )
+        return self
+
     def app_name(self, kind: Literal["judge", "nli", "service"]) -> str:
         return f"{self.app_prefix}-{kind}"
 

@@ -112,6 +112,20 @@ def test_ray_knobs_are_refused_in_process_mode() -> None:
     assert c.serving.ray.deploy is False
 
 
+def test_deployment_settings_the_layout_would_ignore_are_refused() -> None:
+    ray = ["serving.mode=ray"]
+    with pytest.raises(ConfigError, match=r"serving\.ray\.judge is set but serving\.ray\.layout is "
+                       r"service.*serving\.ray\.service"):
+        load_config(overrides=[*ray, "serving.ray.layout=service", "serving.ray.judge.num_gpus=1"],
+                    env={})
+    with pytest.raises(ConfigError, match=r"serving\.ray\.service is set but serving\.ray\.layout "
+                       r"is engines"):
+        load_config(overrides=[*ray, "serving.ray.service.num_gpus=1"], env={})
+    c = load_config(overrides=[*ray, "serving.ray.layout=service", "serving.ray.service.num_gpus=1"],
+                    env={})
+    assert c.serving.ray.service.num_gpus == 1 and c.serving.ray.app_name("service") == "reward-service"
+
+
 def test_no_engine_by_default() -> None:
     c = load_config(env={})
     assert c.engines.judge is None and c.engines.nli is None and not c.engines.fake

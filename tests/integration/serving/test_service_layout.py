@@ -81,7 +81,15 @@ async def test_calls_errors_and_health_through_the_service_replicas(
             for e in refused:
                 assert e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, e
                 assert int(dict(e.trailing_metadata() or ())[RETRY_PUSHBACK_KEY]) >= 25
+        if transport == "grpc":  # a second ingress attaches to the same replicas
+            second = await start_app(_config(f"t-svc-{transport}", ["serving.ray.deploy=false"]))
+            try:
+                async with AsyncRewardClient(second.target, max_retries=0) as c:
+                    assert (await c.score(nli[:1]))[0].status is d.ItemStatus.OK
+            finally:
+                await second.stop(grace=1.0, drain_delay=0)
         async with AsyncRewardClient(app.target, max_retries=0) as c:
+            assert await c.health() == "SERVING"  # the second ingress left the application
             serve.delete(app.engines.app_name)  # type: ignore[union-attr]
             assert await _wait(c.health, "NOT_SERVING", timeout_s=15)
             with pytest.raises(RewardCallError) as gone:
