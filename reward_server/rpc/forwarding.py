@@ -20,7 +20,6 @@ status table, with the replica's retry pushback.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,8 +28,6 @@ from google.protobuf.message import Message
 from reward_server.rpc.servicer import RESPONSES, CallState, Reply, RewardServicer, Work
 from reward_server.rpc.settings import ServerSettings
 from reward_server.service import Admission, Ticket
-
-logger = logging.getLogger(__name__)
 
 
 class Forward(Protocol):

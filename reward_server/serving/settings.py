@@ -6,6 +6,9 @@ With ``mode: ray`` each engine kind is one Ray Serve application holding one dep
 deployment options (``autoscaling_config``, ``max_ongoing_requests``, ``max_queued_requests``,
 ``ray_actor_options``); the batch size comes from the engine's own ``batching`` block and
 reaches the replicas as ``user_config`` (changeable at runtime through ``reconfigure``).
+With ``ray.layout: service`` one application, ``<app_prefix>-service``, runs the whole service
+per replica instead, sized by ``ray.service`` (no ``user_config``: each replica batches for its
+own engines as ``engines.<kind>.batching`` says).
 """
 
 from __future__ import annotations

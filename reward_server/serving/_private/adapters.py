@@ -134,6 +134,7 @@ class HandleCaller:
         self._deployment = deployment
         self._timeout_s = timeout_s
         self._max_retries = max_retries
+        self.app = app
         self.health = ReplicaHealth(app)
 
     async def call(self, method: str, items: Sequence[Any]) -> list[Any]:

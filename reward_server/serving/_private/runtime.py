@@ -89,8 +89,47 @@ def _delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
     logger.warning("Serve applications %s not deleted after %.0fs", names, timeout_s)
 
 
-class RayHost:
-    """The Serve applications this process deployed or attached to, the raw adapters over
+class AppsHost:
+    """The Serve applications this process deployed or attached to (their callers), and
+    leaving them: :meth:`aclose` / :meth:`shutdown`."""
+
+    def __init__(
+        self, *, callers: list[HandleCaller], attached: list[str], settings: RaySettings,
+        deployed: list[str], owns_ray: bool, connected_ray: bool,
+    ) -> None:
+        self._callers = callers
+        self._attached = attached  # the applications, when attached to (deploy: false)
+        self._settings = settings
+        self._deployed = deployed
+        self._owns_ray = owns_ray
+        self._connected_ray = connected_ray
+        self._closed = False
+
+    async def aclose(self) -> None:
+        """Shut down the routers of this loop's calls, then :meth:`shutdown`."""
+        stopping = not self._closed and (self._owns_ray or self._connected_ray)
+        for caller in self._callers:
+            await caller.close(ray_stopping=stopping)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Delete the applications this process deployed (unless
+        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            attached = [] if self._settings.deploy else self._attached
+            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
+            if self._owns_ray:
+                _blocking(serve.shutdown)
+        finally:
+            if self._owns_ray or self._connected_ray:
+                ray.shutdown()
+
+
+class RayHost(AppsHost):
+    """The engine applications this process deployed or attached to, the raw adapters over
     their handles (:attr:`raw`, for :func:`~reward_server.serving.start_engines` to batch),
     and their shutdown."""
 
@@ -104,13 +143,12 @@ class RayHost:
         owns_ray: bool,
         connected_ray: bool,
     ) -> None:
+        engines = [e for e in (ray_judge, ray_nli) if e is not None]
+        super().__init__(
+            callers=[e.caller for e in engines], attached=[e.caller.app for e in engines],
+            settings=settings, deployed=deployed, owns_ray=owns_ray, connected_ray=connected_ray)
         self.ray_judge = ray_judge
         self.ray_nli = ray_nli
-        self._settings = settings
-        self._deployed = deployed
-        self._owns_ray = owns_ray
-        self._connected_ray = connected_ray
-        self._closed = False
 
     @property
     def raw(self) -> RawEngines:
@@ -130,30 +168,6 @@ class RayHost:
 
     def app_name(self, kind: Kind) -> str:
         return self._settings.app_name(kind)
-
-    async def aclose(self) -> None:
-        """Shut down the routers of this loop's engine calls, then :meth:`shutdown`."""
-        stopping = not self._closed and (self._owns_ray or self._connected_ray)
-        for engine in (self.ray_judge, self.ray_nli):
-            if engine is not None:
-                await engine.caller.close(ray_stopping=stopping)
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        """Delete the applications this process deployed (unless
-        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            attached = [] if self._settings.deploy else [
-                self.app_name("judge"), *([self.app_name("nli")] if self.ray_nli else [])]
-            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
-            if self._owns_ray:
-                _blocking(serve.shutdown)
-        finally:
-            if self._owns_ray or self._connected_ray:
-                ray.shutdown()
 
 
 class RayEngines(Engines):
@@ -281,6 +295,17 @@ def _ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
     return True, False
 
 
+def _failed_start(deployed: list[str], settings: RaySettings, *, owns_ray: bool) -> None:
+    """Start-up failed: leave what it deployed."""
+    if owns_ray:  # Ray goes with this process: its applications with it, no waiting
+        # for Serve's graceful shutdown of replicas that failed to start (seconds)
+        logger.info("stopping the embedded local Ray (Serve applications: %s)",
+                    ", ".join(deployed) or "none")
+        ray.shutdown()
+    else:
+        _leave_apps(deployed, [], settings, owns_ray=False)
+
+
 def _deploy_and_wait(
     apps: dict[str, Any], watches: list[AppWatch], settings: RaySettings, *, owns_ray: bool,
     deployed: list[str],
@@ -365,13 +390,7 @@ def start_ray_host(
                 batching=engines.nli.batching,
             )
     except BaseException:
-        if owns_ray:  # Ray goes with this process: its applications with it, no waiting
-            # for Serve's graceful shutdown of replicas that failed to start (seconds)
-            logger.info("stopping the embedded local Ray (Serve applications: %s)",
-                        ", ".join(deployed) or "none")
-            ray.shutdown()
-        else:
-            _leave_apps(deployed, [], settings, owns_ray=False)
+        _failed_start(deployed, settings, owns_ray=owns_ray)
         raise
     return RayHost(
         ray_judge=ray_judge,

@@ -13,18 +13,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import ray
 from ray import serve
 
 from reward_server.backends.base import Health
 from reward_server.errors import EngineError
 from reward_server.serving._private.adapters import HandleCaller
 from reward_server.serving._private.runtime import (
+    AppsHost,
     _blocking,
     _deploy_and_wait,
     _ensure_ray,
+    _failed_start,
     _info,
-    _leave_apps,
 )
 from reward_server.serving._private.watch import AppWatch
 from reward_server.serving.settings import RaySettings
@@ -32,7 +32,7 @@ from reward_server.serving.settings import RaySettings
 logger = logging.getLogger(__name__)
 
 
-class ServiceHost:
+class ServiceHost(AppsHost):
     """The service application this process deployed or attached to: :meth:`forward` one call
     to a replica, its :meth:`health`, and its shutdown (:meth:`close`)."""
 
@@ -40,17 +40,14 @@ class ServiceHost:
         self, *, caller: HandleCaller, model_id: str, settings: RaySettings,
         deployed: list[str], owns_ray: bool, connected_ray: bool,
     ) -> None:
+        super().__init__(callers=[caller], attached=[caller.app], settings=settings,
+                         deployed=deployed, owns_ray=owns_ray, connected_ray=connected_ray)
         self._caller = caller
         self.model_id = model_id
-        self._settings = settings
-        self._deployed = deployed
-        self._owns_ray = owns_ray
-        self._connected_ray = connected_ray
-        self._closed = False
 
     @property
     def app_name(self) -> str:
-        return self._settings.app_name("service")
+        return self._caller.app
 
     async def forward(self, rpc: str, raw: bytes, *, timeout_s: float, attempts: int) -> bytes:
         """Method ``rpc`` with request bytes ``raw`` on one replica: its response bytes."""
@@ -65,25 +62,8 @@ class ServiceHost:
         return {"service": await self._caller.health.check()}
 
     async def close(self) -> None:
-        """Shut down this loop's router, then :meth:`shutdown`."""
-        stopping = not self._closed and (self._owns_ray or self._connected_ray)
-        await self._caller.close(ray_stopping=stopping)
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        """Delete the application if this process deployed it (unless
-        ``serving.ray.keep_apps_on_exit``), then stop or leave Ray as appropriate."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            attached = [] if self._settings.deploy else [self.app_name]
-            _leave_apps(self._deployed, attached, self._settings, owns_ray=self._owns_ray)
-            if self._owns_ray:
-                _blocking(serve.shutdown)
-        finally:
-            if self._owns_ray or self._connected_ray:
-                ray.shutdown()
+        """Shut down this loop's router, then leave the application (:meth:`shutdown`)."""
+        await self.aclose()
 
 
 def start_service_host(settings: RaySettings, application: Any | None, *, model: str) -> ServiceHost:
@@ -108,12 +88,7 @@ def start_service_host(settings: RaySettings, application: Any | None, *, model:
                               max_retries=settings.max_retries, transport=settings.transport)
         model_id = str(_info(handle, settings.ready_timeout_s)["model_id"])
     except BaseException:
-        if owns_ray:
-            logger.info("stopping the embedded local Ray (Serve applications: %s)",
-                        ", ".join(deployed) or "none")
-            ray.shutdown()
-        else:
-            _leave_apps(deployed, [], settings, owns_ray=False)
+        _failed_start(deployed, settings, owns_ray=owns_ray)
         raise
     return ServiceHost(caller=caller, model_id=model_id, settings=settings, deployed=deployed,
                        owns_ray=owns_ray, connected_ray=connected)

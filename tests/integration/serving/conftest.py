@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -61,6 +63,16 @@ def fake_nli_factory(*, latency_s: float = 0.0) -> Callable[[NLIEngineSettings],
     return make
 
 
+async def answers(probe: Callable[[], Awaitable[Any]], want: Any, *, timeout_s: float) -> bool:
+    """Whether ``probe()`` answers ``want`` within ``timeout_s`` (asked every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await probe() == want:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
 def all_sizes(stats: dict[str, dict[str, Any]], method: str) -> list[int]:
     return [n for s in stats.values() for n in s["batch_sizes"].get(method, [])]
 
@@ -74,4 +86,5 @@ def kit() -> SimpleNamespace:
         judge_factory=fake_judge_factory,
         nli_factory=fake_nli_factory,
         all_sizes=all_sizes,
+        answers=answers,
     )

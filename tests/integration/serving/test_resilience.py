@@ -210,15 +210,7 @@ async def test_a_replica_bug_is_internal_once_and_losing_every_replica_turns_hea
             assert "IndexError" in e.value.details
             assert await c.health() == "SERVING"  # a bug is not an outage
             serve.delete(app.engines.app_name("judge"))  # every judge replica is gone
-            assert await _wait_async(lambda: c.health(), "NOT_SERVING", timeout_s=10)
+            assert await kit.answers(c.health, "NOT_SERVING", timeout_s=10)
     finally:
         await app.stop(grace=1.0, drain_delay=0)
 
-
-async def _wait_async(probe: Any, want: str, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await probe() == want:
-            return True
-        await asyncio.sleep(0.1)
-    return False

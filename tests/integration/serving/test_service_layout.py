@@ -4,7 +4,6 @@ service, an ingress that forwards each call's bytes to one of them."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import grpc
@@ -32,18 +31,9 @@ def _config(prefix: str, overrides: list[str]) -> Any:
         "server.health_poll_s=0.1", *overrides], env={})
 
 
-async def _wait(probe: Any, want: str, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await probe() == want:
-            return True
-        await asyncio.sleep(0.1)
-    return False
-
-
 @pytest.mark.parametrize("transport", ["grpc", "actor"])
 async def test_calls_errors_and_health_through_the_service_replicas(
-    ray_session: Any, transport: str
+    ray_session: Any, kit: Any, transport: str
 ) -> None:
     """Answers, the replica's errors with their codes and its retry pushback (a Ray actor
     call wraps the error in RayTaskError, Serve's gRPC path does not), health."""
@@ -91,7 +81,7 @@ async def test_calls_errors_and_health_through_the_service_replicas(
         async with AsyncRewardClient(app.target, max_retries=0) as c:
             assert await c.health() == "SERVING"  # the second ingress left the application
             serve.delete(app.engines.app_name)  # type: ignore[union-attr]
-            assert await _wait(c.health, "NOT_SERVING", timeout_s=15)
+            assert await kit.answers(c.health, "NOT_SERVING", timeout_s=15)
             with pytest.raises(RewardCallError) as gone:
                 await c.score(nli)
             assert gone.value.code is grpc.StatusCode.UNAVAILABLE
