@@ -25,9 +25,13 @@ from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
+from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.rpc.servicer import RESPONSES, CallState, Reply, RewardServicer, Work
 from reward_server.rpc.settings import ServerSettings
 from reward_server.service import Admission, Ticket
+
+# what Info adds to a replica's settings: where the answer and its limits come from
+INFO_SETTINGS = {"serving.ray.layout": "service", "service.admission.scope": "per replica"}
 
 
 class Forward(Protocol):
@@ -76,6 +80,7 @@ class ForwardingServicer(RewardServicer):
         # the replica checks each method's own bound; here only the transport's
         self._max_bytes = dict.fromkeys(RESPONSES, settings.max_message_bytes)
         self._work = {rpc: (self._forwarder(rpc), False) for rpc in RESPONSES}
+        self._work["Info"] = (self._info_forwarded, False)
 
     def _forwarder(self, rpc: str) -> Work:
         async def forwarded(raw: bytes, ticket: Ticket, call: CallState) -> Reply:
@@ -84,6 +89,13 @@ class ForwardingServicer(RewardServicer):
                                                 attempts=call.attempts))
 
         return forwarded
+
+    async def _info_forwarded(self, raw: bytes, ticket: Ticket, call: CallState) -> Reply:
+        """A replica's Info, saying that its admission limits are one replica's."""
+        reply = await self._forwarder("Info")(raw, ticket, call)
+        info = pb.InfoResponse.FromString(reply.SerializeToString())
+        info.settings.update(INFO_SETTINGS)
+        return RawReply(info.SerializeToString())
 
     def _serializer(self, rpc: str) -> Callable[[Any], bytes]:
         return _raw_bytes

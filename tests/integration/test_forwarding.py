@@ -79,6 +79,9 @@ async def test_a_call_is_answered_with_the_replicas_bytes(pair: tuple[Hop, str])
     assert all(r.status is d.ItemStatus.OK and r.reward == 1.0 for r in results)
     assert results[0].components["s_correct"] == pytest.approx(0.98)
     assert info.fake_engines and info.nli_model == "fake-nli"
+    assert info.settings["serving.ray.layout"] == "service"  # the ingress says so
+    assert info.settings["service.admission.scope"] == "per replica"
+    assert info.settings["service.admission.enabled"] == "true"  # the replica's own
     assert [rpc for rpc, _, _ in hop.seen] == ["Score", "Info"]
 
 

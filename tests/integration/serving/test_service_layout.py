@@ -58,6 +58,10 @@ async def test_calls_errors_and_health_through_the_service_replicas(
             assert [r.item_id for r in results] == ["n0", "n1", "n2", "n3"]
             assert all(r.status is d.ItemStatus.OK for r in results)
             assert (await c.info()).judge_model == "fake-judge"
+            # 6 MB: past the replicas' 4 MiB gRPC limit, resent as an actor call
+            big = [d.ScoreItem(f"b{k}", d.NliConstraintsSpec("word " * 1200, "Paris", "big"))
+                   for k in range(1000)]
+            assert all(r.status is d.ItemStatus.OK for r in await c.score(big))
             with pytest.raises(RewardCallError) as bad:
                 await c.score([d.ScoreItem("b", d.NliConstraintsSpec("r", "x" * 40_000, "p"))])
             assert bad.value.code is grpc.StatusCode.INVALID_ARGUMENT
