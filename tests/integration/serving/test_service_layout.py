@@ -91,3 +91,50 @@ async def test_calls_errors_and_health_through_the_service_replicas(
             assert gone.value.code is grpc.StatusCode.UNAVAILABLE
     finally:
         await app.stop(grace=1.0, drain_delay=0)
+
+
+async def test_a_replica_killed_under_load_loses_or_mixes_no_call(ray_session: Any) -> None:
+    """Two service replicas, one killed while calls are in flight on both: every call is
+    answered with its own items. The ingress resends the lost replica's calls once; the
+    client's retries wait out the replicas' admission refusals (300 calls at once)."""
+    from reward_server import metrics as m
+    from reward_server.backends.fake import FakeNLI
+
+    def resent() -> float:
+        return m.ENGINE_CALLS.labels("service", "call", "retried")._value.get()  # type: ignore[no-any-return]
+
+    def slow(settings: Any) -> FakeNLI:  # nested: pickled by value to the replicas
+        return FakeNLI(latency_s=0.02)
+
+    app = await start_app(_config("t-svc-kill", ["serving.ray.service.min_replicas=2",
+                                                 "serving.ray.service.max_replicas=2"]),
+                          nli_factory=slow)
+    app_name = app.engines.app_name  # type: ignore[union-attr]
+    replicas = [a["name"] for a in ray_session.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"SERVE_REPLICA::{app_name}#")]
+    assert len(replicas) == 2, replicas
+    before = resent()
+    try:
+        async with AsyncRewardClient(app.target) as c:
+            async def one(k: int) -> list[str] | Exception:
+                items = [d.ScoreItem(f"{k}-{j}", d.NliConstraintsSpec(f"Paris {k} is big.",
+                                                                      "Paris", "big"))
+                         for j in range(4)]
+                try:
+                    return [r.item_id for r in await c.score(items)
+                            if r.status is d.ItemStatus.OK]
+                except RewardCallError as e:
+                    return e
+
+            load = [asyncio.ensure_future(one(k)) for k in range(300)]
+            while sum(f.done() for f in load) < 30:
+                await asyncio.sleep(0.01)
+            assert sum(f.done() for f in load) < 250
+            ray_session.kill(ray_session.get_actor(replicas[0], namespace="serve"),
+                             no_restart=True)
+            results = await asyncio.gather(*load)
+    finally:
+        await app.stop(grace=1.0, drain_delay=0)
+    assert [r for r in results if not isinstance(r, list)] == []  # nothing lost
+    assert results == [[f"{k}-{j}" for j in range(4)] for k in range(300)]  # nor mixed
+    assert resent() > before  # calls in flight on the killed replica were resent
