@@ -42,6 +42,7 @@ NOT_CONFIG = {
     "rubric.judge", "rubric.generator", "rubric.template_digest", "rubric.parser",
     "rubric.induction_validation", "rubric.threshold_rule", "rubric.holistic",
     "rubric.rule_bounds", "nli.constraints", "nli.templates_sha256", "engines.fake",
+    "service.admission.scope",  # what the forwarding ingress adds (rpc/forwarding.py)
     "service.name",  # OpenTelemetry's resource attribute (reward_server/tracing.py)
 }
 
