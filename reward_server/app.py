@@ -184,7 +184,7 @@ async def _start_forwarding(
     if ray_settings.deploy:
         application = service_application(config, judge_factory=judge_factory,
                                           nli_factory=nli_factory)
-    host = start_service_host(ray_settings, application, model=_models(config))
+    host = start_service_host(ray_settings, application, engines=config.engines)
     try:
         admitted = config.service.admission
         admission = Admission(max_judgments=None, max_bytes=(
@@ -200,13 +200,6 @@ async def _start_forwarding(
                 host.app_name, host.model_id, ", FAKE ENGINES" if config.engines.fake else "")
     return RewardApp(config=config, engines=host, service=None, server=server, port=port,
                      http=door, metrics=metrics_server)
-
-
-def _models(config: RewardServerConfig) -> str:
-    """The configured models, for the start-up progress lines."""
-    names = [str(getattr(e, "model", None) or e.kind)
-             for e in (config.engines.judge, config.engines.nli) if e is not None]
-    return " + ".join(names) or "(no engines)"
 
 
 def check_port_free(

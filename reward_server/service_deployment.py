@@ -58,26 +58,23 @@ class ServiceReplica:
         return {"model_id": self._engines.judge.model_id}
 
     async def call(self, calls: list[CallArgs]) -> list[bytes]:
-        """Each call (one, from :class:`~reward_server.serving._private.service_host.ServiceHost`)
-        through the servicer: its response bytes, or the error as one of ours (same status)."""
+        """The one call :class:`~reward_server.serving._private.service_host.ServiceHost` sends
+        (a list of one: the engine deployments' call shape) through the servicer: its response
+        bytes, or the error as one of ours (same status)."""
+        ((rpc, raw, seconds_left, attempts),) = calls
         loop = asyncio.get_running_loop()
-        out = []
-        for rpc, raw, seconds_left, attempts in calls:
-            deadline = loop.time() + seconds_left
+        deadline = loop.time() + seconds_left
 
-            async def receive(raw: bytes = raw) -> bytes:
-                return raw
+        async def receive() -> bytes:
+            return raw
 
-            def left(deadline: float = deadline) -> float:
-                return deadline - loop.time()
-
-            try:
-                reply = await self._servicer.call(rpc, receive, time_remaining=left,
-                                                  transport="ray", attempts=attempts)
-            except Exception as exc:
-                raise portable(exc) from None  # logged by the servicer
-            out.append(reply.SerializeToString())
-        return out
+        try:
+            reply = await self._servicer.call(rpc, receive,
+                                              time_remaining=lambda: deadline - loop.time(),
+                                              transport="ray", attempts=attempts)
+        except Exception as exc:
+            raise portable(exc) from None  # logged by the servicer
+        return [reply.SerializeToString()]
 
     async def check_health(self) -> None:
         """Serve's health check: raises while an engine is down (Serve replaces the replica

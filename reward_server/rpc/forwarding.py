@@ -57,10 +57,6 @@ class RawReply:
         return len(self.data)
 
 
-def _raw_bytes(reply: RawReply) -> bytes:
-    return reply.data
-
-
 class ForwardingServicer(RewardServicer):
     """reward.v1.RewardService whose work runs on a service replica (:data:`Forward`).
 
@@ -80,6 +76,7 @@ class ForwardingServicer(RewardServicer):
         # the replica checks each method's own bound; here only the transport's
         self._max_bytes = dict.fromkeys(RESPONSES, settings.max_message_bytes)
         self._work = {rpc: (self._forwarder(rpc), False) for rpc in RESPONSES}
+        self._info_from_replica = self._work["Info"][0]
         self._work["Info"] = (self._info_forwarded, False)
 
     def _forwarder(self, rpc: str) -> Work:
@@ -92,15 +89,14 @@ class ForwardingServicer(RewardServicer):
 
     async def _info_forwarded(self, raw: bytes, ticket: Ticket, call: CallState) -> Reply:
         """A replica's Info, saying that its admission limits are one replica's."""
-        reply = await self._forwarder("Info")(raw, ticket, call)
+        reply = await self._info_from_replica(raw, ticket, call)
         info = pb.InfoResponse.FromString(reply.SerializeToString())
         info.settings.update(INFO_SETTINGS)
         return RawReply(info.SerializeToString())
 
     def _serializer(self, rpc: str) -> Callable[[Any], bytes]:
-        return _raw_bytes
+        serialize: Callable[[Any], bytes] = RawReply.SerializeToString
+        return serialize
 
     def as_message(self, rpc: str, reply: Reply) -> Message:
-        if isinstance(reply, Message):
-            return reply
         return RESPONSES[rpc].FromString(reply.SerializeToString())

@@ -91,7 +91,7 @@ def _delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
 
 class AppsHost:
     """The Serve applications this process deployed or attached to (their callers), and
-    leaving them: :meth:`aclose` / :meth:`shutdown`."""
+    leaving them: :meth:`close` / :meth:`shutdown`."""
 
     def __init__(
         self, *, callers: list[HandleCaller], attached: list[str], settings: RaySettings,
@@ -105,7 +105,7 @@ class AppsHost:
         self._connected_ray = connected_ray
         self._closed = False
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Shut down the routers of this loop's calls, then :meth:`shutdown`."""
         stopping = not self._closed and (self._owns_ray or self._connected_ray)
         for caller in self._callers:
@@ -223,7 +223,7 @@ class RayEngines(Engines):
 
     async def close(self) -> None:
         self._closed = True
-        await self.host.aclose()
+        await self.host.close()
 
     def shutdown(self) -> None:
         """Stop the engines' hosting (see :meth:`RayHost.shutdown`)."""

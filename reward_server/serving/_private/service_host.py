@@ -16,6 +16,7 @@ from typing import Any
 from ray import serve
 
 from reward_server.backends.base import Health
+from reward_server.backends.settings import EnginesSettings
 from reward_server.errors import EngineError
 from reward_server.serving._private.adapters import HandleCaller
 from reward_server.serving._private.runtime import (
@@ -25,6 +26,7 @@ from reward_server.serving._private.runtime import (
     _ensure_ray,
     _failed_start,
     _info,
+    _model_of,
 )
 from reward_server.serving._private.watch import AppWatch
 from reward_server.serving.settings import RaySettings
@@ -61,15 +63,14 @@ class ServiceHost(AppsHost):
         its health check is replaced by Serve)."""
         return {"service": await self._caller.health.check()}
 
-    async def close(self) -> None:
-        """Shut down this loop's router, then leave the application (:meth:`shutdown`)."""
-        await self.aclose()
 
-
-def start_service_host(settings: RaySettings, application: Any | None, *, model: str) -> ServiceHost:
+def start_service_host(
+    settings: RaySettings, application: Any | None, *, engines: EnginesSettings
+) -> ServiceHost:
     """Deploy ``application`` (a bound service deployment; None with ``serving.ray.deploy:
     false``, which attaches to the running one) as ``<app_prefix>-service`` and wait until it
-    runs; ``model``: what the user configured, for the progress lines."""
+    runs; ``engines``: what the user configured, named in the progress lines."""
+    model = " + ".join(_model_of(e) for e in (engines.judge, engines.nli) if e is not None)
     owns_ray, connected = _ensure_ray(settings)
     name = settings.app_name("service")
     deployed: list[str] = []
