@@ -101,7 +101,7 @@ def _batches() -> dict[str, tuple[float, float]]:
     from prometheus_client import REGISTRY
 
     out = {}
-    for dep in ("judge", "nli"):
+    for dep in ("judge", "nli", "nli_token_counts"):
         labels = {"deployment": dep}
         count = REGISTRY.get_sample_value("reward_server_batch_items_count", labels) or 0.0
         items = REGISTRY.get_sample_value("reward_server_batch_items_sum", labels) or 0.0
