@@ -177,7 +177,7 @@ async def main() -> None:
     print("\nCPU per call = fixed + per item x prompts (least squares over the sizes):")
     for name, rows in results.items():
         a, b = fit(rows)
-        vs = f"  fixed / bare gRPC's x{a / floor:.1f}" if floor > 0 else ""
+        vs = f"  fixed / bare gRPC's x{a / floor:.1f}" if "Ray" in name and floor > 0 else ""
         print(f"  {name}: fixed {a:.3f} ms, per prompt {b:.2f} us{vs}")
 
 

@@ -94,9 +94,8 @@ def service_application(
     from ray import serve
 
     settings = config.serving.ray.service
+    settings = settings.model_copy(update={"env_vars": {SEPARATE_THREAD_ENV: "0", **settings.env_vars}})
     opts = settings.deployment_options(max_items=None)
-    env = {SEPARATE_THREAD_ENV: "0", **settings.env_vars}
-    opts["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     deployment = serve.deployment(ServiceReplica, name="ServiceDeployment")
     return deployment.options(**opts).bind(replica_config(config), judge_factory, nli_factory)
 
