@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import random
-import select
 import signal
 import socket
 import subprocess
@@ -50,11 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-import h2.settings
+from _h2 import RawH2, closed_by_peer, grpc_frame, idle_socket
 from _workload import free_port, pct
 
 from reward_server import domain as d
@@ -483,106 +478,8 @@ async def closed_loop(caller: Caller, raw: bytes, loops: int, seconds: float, p:
     await asyncio.gather(*(one() for _ in range(loops)))
 
 
-def grpc_frame(message: bytes) -> bytes:
-    """A gRPC length-prefixed message (uncompressed)."""
-    return b"\x00" + len(message).to_bytes(4, "big") + message
-
-
 ONE_ITEM = pb.ScoreRequest(items=[pb.ScoreItem(id="a", nli_constraints=pb.NliConstraints(
     response="Paris is big.", answer="Paris", preference="big"))]).SerializeToString()
-
-
-class RawConn:
-    """One HTTP/2 connection made by hand (h2), for calls no gRPC client makes."""
-
-    def __init__(self, port: int, *, window: int | None = None) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        if window is not None:
-            self.h2.local_settings = h2.settings.Settings(
-                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
-        self.h2.initiate_connection()
-        self.sock.sendall(self.h2.data_to_send())
-        self.statuses: dict[int, int] = {}
-
-    @staticmethod
-    def _score_headers(token: bool) -> list[tuple[str, str]]:
-        hdrs = [(":method", "POST"), (":scheme", "http"), (":path", SCORE), (":authority", "x"),
-                ("content-type", "application/grpc"), ("te", "trailers")]
-        if token:
-            hdrs.append(("authorization", f"Bearer {TOKEN}"))
-        return hdrs
-
-    def headers(self, *, token: bool) -> int:
-        sid = self.h2.get_next_available_stream_id()
-        self.h2.send_headers(sid, self._score_headers(token))
-        self.sock.sendall(self.h2.data_to_send())
-        return sid
-
-    def complete_calls(self, n: int, frame: bytes) -> list[int]:
-        """``n`` authenticated Score calls of one message each, all their frames in one write."""
-        sids = []
-        for _ in range(n):
-            sid = self.h2.get_next_available_stream_id()
-            self.h2.send_headers(sid, self._score_headers(True))
-            self.h2.send_data(sid, frame, end_stream=True)
-            sids.append(sid)
-        self.sock.sendall(self.h2.data_to_send())
-        return sids
-
-    def send_body(self, sid: int, body: bytes, *, end: bool) -> None:
-        """Send ``body`` as flow control allows, reading the server's frames meanwhile."""
-        view = memoryview(body)
-        try:
-            while view:
-                room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
-                if room <= 0:
-                    if not self.pump(1.0):
-                        return
-                    continue
-                self.h2.send_data(sid, bytes(view[:room]))
-                view = view[room:]
-                self.sock.sendall(self.h2.data_to_send())
-            if end:
-                self.h2.end_stream(sid)
-                self.sock.sendall(self.h2.data_to_send())
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, OSError):
-            return  # the server answered (refused) the call or closed the connection first
-
-    def pump(self, timeout_s: float) -> bool:
-        """Read and handle what arrives within ``timeout_s``; False once the peer closed."""
-        self.sock.settimeout(timeout_s)
-        try:
-            data = self.sock.recv(1 << 20)
-        except TimeoutError:
-            return True
-        except OSError:
-            return False
-        if not data:
-            return False
-        try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError:
-            return False
-        for ev in events:
-            if isinstance(ev, h2.events.ResponseReceived | h2.events.TrailersReceived):
-                hd = dict(ev.headers)
-                if b"grpc-status" in hd:
-                    self.statuses[ev.stream_id] = int(hd[b"grpc-status"])
-        out = self.h2.data_to_send()
-        if out:
-            self.sock.sendall(out)
-        return True
-
-    def peer_closed(self) -> bool:
-        """Whether the server closed the connection, without reading from it."""
-        poll = select.poll()
-        poll.register(self.sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-        return bool(poll.poll(0))
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
 
 
 # ------------------------------------------------------------------ attacks
@@ -602,57 +499,66 @@ async def baseline(s: Server, caller: Caller, std: bytes, args: argparse.Namespa
     return unloaded, pct(p.served, .99)
 
 
-async def statuses(conns: list[RawConn], calls: list[tuple[RawConn, int]], t0: float,
-                   limit_s: float) -> dict[tuple[RawConn, int], float]:
+async def statuses(conns: list[RawH2], calls: list[tuple[RawH2, int]], t0: float,
+                   limit_s: float) -> dict[tuple[RawH2, int], float]:
     """When (seconds after ``t0``) each call's grpc-status arrived, within ``limit_s``."""
-    seen: dict[tuple[RawConn, int], float] = {}
-    by_sock = {c.sock: c for c in conns}
-    while len(seen) < len(calls) and time.monotonic() - t0 < limit_s:
-        ready, _, _ = await asyncio.to_thread(select.select, list(by_sock), [], [], 0.01)
-        for k in ready:
-            by_sock[k].pump(0.001)
-        now = time.monotonic() - t0
-        seen.update({call: now for call in calls if call not in seen and call[1] in call[0].statuses})
+    seen: dict[tuple[RawH2, int], float] = {}
+    mine = {c: [call for call in calls if call[0] is c] for c in conns}
+
+    async def watch(c: RawH2) -> None:
+        while time.monotonic() - t0 < limit_s:
+            for call in mine[c]:
+                if call not in seen and c.grpc_code(call[1]) is not None:
+                    seen[call] = time.monotonic() - t0
+            if all(call in seen for call in mine[c]) or not await c.pump(0.05):
+                return
+
+    await asyncio.gather(*(watch(c) for c in conns))
     return seen
+
+
+def codes_of(calls: list[tuple[RawH2, int]]) -> collections.Counter[int | None]:
+    return collections.Counter(c.grpc_code(sid) for c, sid in calls)
+
+
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 async def half_open(s: Server, args: argparse.Namespace, std: bytes) -> None:
     async with phase(s, "1a. 64 half-open Score calls, no token (max_concurrent_rpcs=8)") as p:
-        conns = [RawConn(s.port) for _ in range(8)]
+        conns = [await RawH2.open(s.port) for _ in range(8)]
         t0 = time.monotonic()
-        calls = [(c, c.headers(token=False)) for c in conns for _ in range(8)]
+        calls = [(c, await c.start_call(SCORE)) for c in conns for _ in range(8)]
         caller = Caller(s.target)
         served = asyncio.create_task(closed_loop(caller, std, 2, args.seconds, p))
         seen = await statuses(conns, calls, t0, args.seconds)
         await served
-        codes = collections.Counter(c.statuses.get(sid) for c, sid in calls)
+        codes = codes_of(calls)
         p.outcome = (f"{codes.get(16, 0)}/64 UNAUTHENTICATED, {codes.get(8, 0)} RESOURCE_EXHAUSTED "
                      f"(grpc's cap), all answered within {max(seen.values(), default=float('nan')) * 1000:.0f} "
                      f"ms; authenticated calls meanwhile {dict(p.codes)}")
         for c in conns:
-            c.close()
+            await c.close()
         await caller.close()
 
 
 async def half_open_authenticated(s: Server, args: argparse.Namespace, std: bytes) -> None:
     async with phase(s, f"1b. 64 half-open authenticated calls (receive_timeout_s={args.receive_timeout})") as p:
-        conns = [RawConn(s.port) for _ in range(8)]
+        conns = [await RawH2.open(s.port) for _ in range(8)]
         t0 = time.monotonic()
         calls = []
         for c in conns:
-            for _ in range(8):
-                sid = c.headers(token=True)
-                c.send_body(sid, b"\x00\x00\x00\x10\x00", end=False)  # 1 byte of 16, never more
-                calls.append((c, sid))
+            for _ in range(8):  # 1 byte of 16, never more
+                calls.append((c, await c.start_call(SCORE, metadata=AUTH, body=b"\x00\x00\x00\x10\x00")))
         caller = Caller(s.target)
         served = asyncio.create_task(closed_loop(caller, std, 2, args.receive_timeout + 1, p))
         seen = await statuses(conns, calls, t0, args.receive_timeout + 5)
         await served
-        codes = collections.Counter(c.statuses.get(sid) for c, sid in calls)
+        codes = codes_of(calls)
         p.outcome = (f"{codes.get(4, 0)}/64 DEADLINE_EXCEEDED after {min(seen.values(), default=0):.2f}-"
                      f"{max(seen.values(), default=0):.2f} s; other calls meanwhile {dict(p.codes)}")
         for c in conns:
-            c.close()
+            await c.close()
         await caller.close()
 
 
@@ -686,10 +592,10 @@ async def non_reading(s: Server, args: argparse.Namespace) -> None:
             conns = []
             frame = grpc_frame(body)
             for _ in range(30):  # each opened just before its call (an idle one is closed)
-                c = RawConn(s.port, window=0)
+                c = await RawH2.open(s.port, window=0)
                 conns.append(c)
-                sid = c.headers(token=True)
-                await asyncio.to_thread(c.send_body, sid, frame, end=True)
+                sid = await c.start_call(SCORE, metadata=AUTH)
+                await c.send_body(sid, frame, end=True)
             # ... and never read again; the server's keepalive ping goes unanswered
             t0 = time.monotonic()
             closed_at: dict[int, float] = {}
@@ -703,7 +609,7 @@ async def non_reading(s: Server, args: argparse.Namespace) -> None:
             p.outcome = (f"server closed {len(closed_at)}/30 connections (keepalive) after "
                          f"{last:.1f} s; request {len(body) / 1e6:.1f} MB each")
             for c in conns:
-                c.close()
+                await c.close()
 
 
 async def empty_items(s: Server, caller: Caller) -> None:
@@ -722,24 +628,25 @@ async def streams_not_read(s: Server, args: argparse.Namespace) -> None:
     frame = grpc_frame(body)
     async with phase(s, f"B. {n} zero-window connections x {streams} Score streams of 1,024 "
                         f"items, responses never read", settle_s=5.0) as p:
-        conns = [RawConn(s.port, window=0) for _ in range(n)]
+        conns = [await RawH2.open(s.port, window=0) for _ in range(n)]
 
-        def send_all(c: RawConn) -> None:
+        async def send_all(c: RawH2) -> None:
             for _ in range(streams):
-                sid = c.headers(token=True)
-                c.send_body(sid, frame, end=True)
+                sid = await c.start_call(SCORE, metadata=AUTH)
+                await c.send_body(sid, frame, end=True)
 
-        await asyncio.gather(*(asyncio.to_thread(send_all, c) for c in conns))
+        await asyncio.gather(*(send_all(c) for c in conns))
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.hold:  # read frames (statuses), never open the window
-            await asyncio.gather(*(asyncio.to_thread(c.pump, 0.05) for c in conns))
+            await asyncio.gather(*(c.pump(0.05) for c in conns))
         names = {code.value[0]: code.name for code in grpc.StatusCode}
-        got = collections.Counter(names.get(v, str(v)) for c in conns for v in c.statuses.values())
+        got = collections.Counter(names.get(v, str(v)) for c in conns
+                                  for v in (c.grpc_code(sid) for sid in c.status) if v is not None)
         p.internal += got.get("INTERNAL", 0)
         p.outcome = (f"{n * streams} calls of {len(body) / 1e6:.2f} MB; answered to the attacker "
                      f"{dict(got)}; held {args.hold:.0f} s, then it disconnected")
         for c in conns:
-            c.close()
+            await c.close()
 
 
 async def idle_connections(s: Server, args: argparse.Namespace) -> None:
@@ -754,19 +661,9 @@ async def idle_connections(s: Server, args: argparse.Namespace) -> None:
         # holds still meanwhile (one run measured "after" at the peak, then it fell)
         async with phase(s, f"C. {n} connections that send only the HTTP/2 preface and SETTINGS, "
                             f"held {args.idle_hold:.0f} s{wave}", settle_s=5.0) as p:
-            socks = []
-            for _ in range(n):
-                k = socket.create_connection(("127.0.0.1", s.port))
-                c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-                c.initiate_connection()
-                k.sendall(c.data_to_send())
-                socks.append(k)
+            socks = [idle_socket(s.port) for _ in range(n)]
             await asyncio.sleep(args.idle_hold)
-            closed = 0
-            for k in socks:
-                poll = select.poll()
-                poll.register(k, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-                closed += bool(poll.poll(0))
+            closed = sum(closed_by_peer(k) for k in socks)
             p.outcome = f"{closed}/{n} closed by the server within {args.idle_hold:.0f} s"
             for k in socks:
                 k.close()
@@ -801,15 +698,16 @@ async def pending_burst(s: Server) -> None:
     CANCELLED, which they do not retry, until server.max_pending_calls (4,096) set them."""
     frame = grpc_frame(ONE_ITEM)
     async with phase(s, "I. 4,096 1-item calls sent at once on 32 connections") as p:
-        conns = [RawConn(s.port) for _ in range(32)]
+        conns = [await RawH2.open(s.port) for _ in range(32)]
         for c in conns:
-            c.pump(0.05)  # the server's SETTINGS
+            await c.pump(0.05)  # the server's SETTINGS
         t0 = time.monotonic()
-        calls = [(c, sid) for c in conns for sid in c.complete_calls(128, frame)]
+        calls = [(c, sid) for c in conns
+                 for sid in await c.start_calls(SCORE, 128, body=frame, metadata=AUTH)]
         seen = await statuses(conns, calls, t0, 60.0)
         names = {code.value[0]: code.name for code in grpc.StatusCode}
         for c, sid in calls:
-            code = c.statuses.get(sid)
+            code = c.grpc_code(sid)
             p.codes[names.get(code, "no answer" if code is None else str(code))] += 1
             if code == 0:
                 p.served.append(seen[(c, sid)])
@@ -819,7 +717,7 @@ async def pending_burst(s: Server) -> None:
         p.outcome = (f"{dict(p.codes)}; lost {lost}; the last answered after "
                      f"{max(seen.values(), default=float('nan')):.2f} s")
         for c in conns:
-            c.close()
+            await c.close()
 
 
 async def many_small_calls(s: Server, caller: Caller, args: argparse.Namespace) -> None:
@@ -894,7 +792,7 @@ async def http_attacks(s: Server, args: argparse.Namespace) -> None:
     n = args.http_idle
     async with phase(s, f"F. {n} HTTP connections that send nothing, held {args.idle_hold:.0f} s; "
                         "/v1/health and /v1/score asked meanwhile") as p:
-        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+        socks = [idle_socket(port, preface=False) for _ in range(n)]
         end = time.monotonic() + args.idle_hold
         while time.monotonic() < end:
             status, _ = await asyncio.to_thread(http_post, port, "/v1/health", b"", method="GET")
@@ -903,11 +801,8 @@ async def http_attacks(s: Server, args: argparse.Namespace) -> None:
                 http_post, port, "/v1/score", f'{{"items": [{{"id": "a", "nli_constraints": {nli}}}]}}'.encode())
             p.codes[f"score {status}"] += 1
             await asyncio.sleep(0.2)
-        closed = 0
+        closed = sum(closed_by_peer(k) for k in socks)
         for k in socks:
-            poll = select.poll()
-            poll.register(k, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-            closed += bool(poll.poll(0))
             k.close()
         p.outcome = f"{closed}/{n} closed by the server; meanwhile {dict(p.codes)}"
 

@@ -106,7 +106,7 @@ async def test_the_health_port_keeps_its_slots_when_the_main_port_is_full() -> N
     """Connections that only send the HTTP/2 preface take every slot of the main port
     (server.max_connections=4); health on server.health_port (on by default: auto, a free
     port beside port 0) still answers."""
-    from .raw_h2 import RawH2
+    from bench._h2 import RawH2
 
     async with running_server(["server.max_connections=4"]) as r:  # health_port: auto
         grpc_server = r.app.server

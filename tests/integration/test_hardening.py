@@ -12,6 +12,7 @@ import time
 import grpc
 import pytest
 
+from bench._h2 import RawH2, grpc_frame
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.backends.fake import FakeJudge
@@ -20,7 +21,6 @@ from reward_server.rpc import convert
 from reward_server.rpc.status import RETRY_PUSHBACK_KEY
 
 from .conftest import running_server
-from .raw_h2 import RawH2, grpc_frame
 
 SCORE = "/reward.v1.RewardService/Score"
 GOOD = d.ScoreItem("ok", d.NliConstraintsSpec("Paris is big.", "Paris", "big"))
