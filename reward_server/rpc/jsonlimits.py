@@ -17,6 +17,12 @@ needs yajl), ``json_format`` needs the whole document as dicts anyway, and the p
 
 Only then are the objects built, whose number is now bounded.
 
+Numbers: an integer literal longer than :data:`MAX_INT_DIGITS` digits is read as a float
+(``inf`` past 1e308), which no reward.v1 field takes, so it is refused with the message's other
+parse errors (400): read as an ``int`` such a literal cost time quadratic in its length, past
+4,300 digits Python refused it with a ValueError, and one of 4,300 digits in a double field
+overflowed the float conversion (both were 500s).
+
 Both steps keep every single C call short, so that a large body, read in a worker thread, never
 holds the interpreter lock (and with it the event loop, health checks included) for long: one
 ``re``/``bytes`` call over 64 MiB took 100-250 ms on a 2-core host, and ``json.loads`` of a
@@ -51,6 +57,15 @@ _NUMERIC = {
     FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_SFIXED64,
     FieldDescriptor.TYPE_ENUM,
 }
+
+
+MAX_INT_DIGITS = 20  # an int64 / uint64 needs at most 20 digits
+
+
+def integer(literal: str) -> int | float:
+    """A JSON integer literal: an ``int`` when it fits :data:`MAX_INT_DIGITS` digits, else a
+    float (see the module doc)."""
+    return int(literal) if len(literal.lstrip("-")) <= MAX_INT_DIGITS else float(literal)
 
 
 WINDOW = 64 * 1024  # bytes per C call of the pre-scan and of the piecewise decoding
@@ -127,8 +142,8 @@ def loads(text: bytes | bytearray | str, *, max_depth: int, max_values: int, wha
     try:
         if not isinstance(text, str) and len(text) > WINDOW:
             return _Pieces(text, what).document()
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return json.loads(text, parse_int=integer)
+    except (ValueError, OverflowError) as e:  # JSONDecodeError and UnicodeDecodeError included
         raise InvalidRequest(f"{what} is not a JSON document ({e})") from None
     except RecursionError:  # not reached within max_depth; kept as a guard
         raise InvalidRequest(f"{what} is nested too deeply") from None
@@ -141,7 +156,7 @@ class _Pieces:
 
     def __init__(self, raw: bytes | bytearray, what: str) -> None:
         self._raw, self._what = raw, what
-        self._decoder = json.JSONDecoder()
+        self._decoder = json.JSONDecoder(parse_int=integer)
         self._size = WINDOW
         self._text, self._start, self._i, self._final = "", 0, 0, False
         self._fill(0)

@@ -91,7 +91,7 @@ def template(label: Any, *, where: str) -> pb.ScoreItem:
         jsonlimits.check(label, max_depth=jsonlimits.MAX_DEPTH,
                          max_values=jsonlimits.MAX_VALUES, what=f"{where}: the label")
         try:
-            label = json.loads(label)
+            label = json.loads(label, parse_int=jsonlimits.integer)  # no int past 20 digits
         except RecursionError:
             raise InvalidRequest(f"{where}: the label is nested too deeply") from None
         except json.JSONDecodeError as e:

@@ -90,3 +90,34 @@ async def test_idle_connections_are_closed_and_health_keeps_a_path(server: Runni
     finally:
         for _, writer in conns:
             writer.close()
+
+
+async def test_huge_or_out_of_range_json_numbers_are_400_never_500(server: Running) -> None:
+    """A weight of 4,300+ digits was a 500 (Python's int limit, then the float conversion's
+    OverflowError); every such number is a 400 naming the field, in a small body and in one
+    read piece by piece (over 64 KiB), on /v1/score, /v1/induce_rubrics and OpenRLHF's labels."""
+    item = json.dumps({"id": "w", "weighted": {"parts": [{"weight": "N", "nli_constraints": NLI}]}})
+    label = json.dumps({"id": "w", "weighted": {"parts": [{"weight": "N", "nli_constraints": {
+        "answer": "Paris", "preference": "big"}}]}})
+    induce = json.dumps({"history": [{"text": "t"}], "num_samples": "N"})
+
+    def with_number(text: str, number: str) -> str:
+        return text.replace('"N"', number)
+
+    for number in ("9" * 4_300, "9" * 4_301, "9" * 50_000, "1e999", "-1e999", "-" + "9" * 400):
+        body = '{"items": [' + with_number(item, number) + "]}"
+        for padded in (body, body + " " * 70_000):
+            status, reply = await _post(server, "/v1/score", padded)
+            assert status == 400, (number[:10], len(padded), reply)
+            assert "weight" in reply["error"]["message"], reply
+        status, reply = await _post(server, "/openrlhf/reward", json.dumps(
+            {"query": ["q r"], "prompts": ["q"], "labels": [with_number(label, number)]}))
+        assert status == 400, (number[:10], reply)
+    for number in ("9" * 30, "9" * 5_000, "1e400"):
+        status, reply = await _post(server, "/v1/induce_rubrics", with_number(induce, number))
+        assert status == 400 and "num_samples" in reply["error"]["message"], reply
+    # in range: 20-digit integers and long fractions still read as numbers
+    for number in ("12345678901234567890", "0." + "1" * 5_000):
+        status, reply = await _post(server, "/v1/score",
+                                    '{"items": [' + with_number(item, number) + "]}")
+        assert status == 200, reply
