@@ -255,7 +255,8 @@ class RewardServicer:
                 try:
                     async with asyncio.timeout(timeout) as deadline:
                         # refused here when full (Info holds a call, no judgments): nothing read
-                        with await admission.arrive(judged=admit, attempts=attempts) as ticket:
+                        with await admission.arrive(judged=admit, attempts=attempts,
+                                                    deadline=deadline.when()) as ticket:
                             raw = await receive()
                             received = len(raw)
                             self._check_size(rpc, raw)

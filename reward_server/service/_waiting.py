@@ -1,11 +1,12 @@
-"""The waiting room of admission control: retried calls that wait for room, in fair order.
+"""The line of admission control: calls that wait for room, in fair order.
 
-A retried call (its previous attempts: gRPC's ``grpc-previous-rpc-attempts``, or our client's
-``reward-previous-attempts``) that does not fit waits here, at most ``max_wait_s`` and with at
-most ``max_waiting`` others. Room freed goes first to the call with the most previous attempts,
-then to the earliest. When the room is full, a call with more attempts takes the place of the
-newest with fewer, which is refused at once. :class:`~reward_server.service.admission.Admission`
-decides what fits and holds the room; this module only keeps the order.
+A call that does not fit waits here, as long as its own timeout (its deadline, at most
+``max_wait_s``) allows and with at most ``max_waiting`` others. Room freed goes first to the call
+with the most previous attempts (gRPC's ``grpc-previous-rpc-attempts``, or our client's
+``reward-previous-attempts``), then to the earliest. When the line is full, a call with more
+attempts takes the place of the newest with fewer, which is refused at once.
+:class:`~reward_server.service.admission.Admission` decides what fits and holds the room; this
+module only keeps the order.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ _Entry = tuple[int, int, "asyncio.Future[Ticket]", bool]  # -attempts, arrival, 
 
 
 class WaitingRoom:
-    """Retried calls waiting for room: most previous attempts first, then the earliest."""
+    """Calls waiting for room: most previous attempts first, then the earliest."""
 
-    def __init__(self, *, max_wait_s: float, max_waiting: int) -> None:
+    def __init__(self, *, max_wait_s: float | None, max_waiting: int) -> None:
         self.max_wait_s, self.max_waiting = max_wait_s, max_waiting
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
@@ -37,14 +38,19 @@ class WaitingRoom:
 
     @property
     def open(self) -> bool:
-        """Whether calls may wait at all (``max_wait_s`` and ``max_waiting`` both above 0)."""
-        return self.max_wait_s > 0 and self.max_waiting > 0
+        """Whether calls may wait at all (``max_waiting`` and ``max_wait_s`` above 0)."""
+        return self.max_waiting > 0 and (self.max_wait_s is None or self.max_wait_s > 0)
 
-    async def wait(self, attempts: int, *, judged: bool,
-                   full: Callable[[], Overloaded]) -> Ticket | None:
-        """Wait for the ticket :meth:`wake` hands over (None: ``max_wait_s`` passed first).
-        Raises ``full()`` when the room is full of calls with at least as many attempts, and
-        refuses the newest with fewer in this call's place."""
+    def ahead(self, attempts: int) -> int:
+        """How many waiting calls a call with ``attempts`` would wait behind."""
+        return sum(1 for entry in self._heap if -entry[0] >= attempts)
+
+    async def wait(self, attempts: int, *, judged: bool, full: Callable[[], Overloaded],
+                   timeout_s: float | None = None) -> Ticket | None:
+        """Wait for the ticket :meth:`wake` hands over (None: ``timeout_s``, at most
+        ``max_wait_s``, passed first). Raises ``full()`` when the line is full of calls with at
+        least as many attempts, and refuses the newest with fewer in this call's place."""
+        limits = [t for t in (timeout_s, self.max_wait_s) if t is not None]
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         entry = (-attempts, next(self._seq), fut, judged)
         if len(self._heap) >= self.max_waiting:
@@ -55,7 +61,7 @@ class WaitingRoom:
             newest[2].set_exception(full())
         heapq.heappush(self._heap, entry)
         try:
-            return await asyncio.wait_for(fut, self.max_wait_s)
+            return await asyncio.wait_for(fut, min(limits) if limits else None)
         except TimeoutError:
             return None
         except asyncio.CancelledError:  # the call went away: give back the room it was given

@@ -1,15 +1,26 @@
-"""Admission control: bounded work in flight, sized from the engines, refused cheaply when full.
+"""Admission control: bounded work in flight, and a bounded line for the rest, within its deadline.
 
 Work is counted in judgments (judge prompts plus NLI pairs, see :mod:`reward_server.service.validation`),
 in calls and in request bytes: one call of 1,024 items costs what 1,024 calls of one item cost in
 judgments, and every call (Info too) holds one call slot. A call is admitted when it fits beside
 what is already in flight, or when nothing is in flight (so a request larger than the limit still
-runs, alone). Otherwise it is refused with :class:`~reward_server.errors.Overloaded`
+runs, alone).
+
+**A call that does not fit waits in line** (:meth:`Admission.arrive`; the default, ``max_waiting``
+calls at most, before its request is read, so a waiting call holds no admitted work), most
+previous attempts first, then the earliest, for as long as its deadline allows less the time a
+call takes once admitted. It is refused at once when the line's predicted wait (the work held and
+the usual calls ahead of it past the limit, over the measured throughput) would pass its
+deadline, or when the line is full; a call that waited until its deadline no longer allows it is
+refused then. The engines are kept busy with the limits' worth of work (by default 64 full
+batches of every engine), and a trainer's closed loop of calls that the engines keep up with
+never waits: the limits are far from full. A refusal is :class:`~reward_server.errors.Overloaded`
 (RESOURCE_EXHAUSTED), carrying a retry hint: about one admitted call's duration (a moving
 average), jittered, between 50 ms and 5 s, and later when many were refused before it: a virtual
-line paced by the calls completing (:class:`~reward_server.service._limiter.RetryLine`).
+line paced by the calls completing (:class:`~reward_server.service._limiter.RetryLine`). With
+``max_waiting`` 0 there is no line: a call that does not fit is refused at once.
 
-**The limits follow the engines** (``adaptive``, the default): the judgment limit is the
+**The limits can follow the engines** (``adaptive``, off by default): the judgment limit is the
 measured throughput times the latency target (``target_p99_s``; None: twice the latency of a
 usual call admitted alone, measured per call size:
 :class:`~reward_server.service._limiter.AloneLatency`) by Little's law, the call limit the same
@@ -19,18 +30,13 @@ resized every :data:`~reward_server.service._sizing.WINDOW_S` by :mod:`reward_se
 (which also says when the judgment limit sheds under its floor: a saturated event loop that
 refuses calls).
 
-**Fair order under overload.** A first attempt that does not fit is refused at once. A retried
-call that does not fit waits for room in :class:`~reward_server.service._waiting.WaitingRoom`
-(bounded in time and size, most previous attempts first), and a first attempt never passes a
-waiting call. So a call retried on pushback rises above new arrivals with every attempt and
-completes while its deadline allows, with no unbounded queue.
-
 The transport asks in three steps, each before the heavier work that follows it (see
 :mod:`reward_server.service._ticket`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -68,7 +74,7 @@ class Admission:
         min_judgments: int = 1,
         min_calls: int = 1,
         target_s: float | None = None,
-        max_wait_s: float = 0.0,
+        max_wait_s: float | None = 0.0,
         max_waiting: int = 0,
         batches: tuple[int, int] | None = None,
         seed: int | None = None,
@@ -88,7 +94,8 @@ class Admission:
         self.calls = 0
         self.bytes = 0
         self.refused = 0
-        self._call_s = 0.2  # moving average of admitted calls' duration
+        self._call_s = 0.2  # moving average of admitted calls' duration, from their arrival
+        self._served_s = 0.0  # ... from their admission (how long a call takes once admitted)
         self._line = RetryLine(least_s=_RETRY_MIN_S, most_s=_RETRY_MAX_S)
         self._loop_load = LoopLoad(cpu_clock)
         self.loop_busy: float | None = None  # the event loop's CPU share, last window
@@ -253,24 +260,51 @@ class Admission:
             )
         return Ticket(self, judged=judged)
 
-    async def arrive(self, *, judged: bool = True, attempts: int = 0) -> Ticket:
-        """:meth:`enter`, in fair order. A first attempt that does not fit, or finds retried
-        calls waiting, is refused at once; a retried call (``attempts``: gRPC's previous
-        attempts of this call) that does not fit waits for room up to ``max_wait_s`` beside at
-        most ``max_waiting`` others, most attempts first; refused past that."""
-        if attempts <= 0 or not self._room.open:
-            if self._room and attempts <= 0:  # never past a retried call that waits
-                raise self._waiting_full()
-            return self.enter(judged=judged)  # a first attempt is refused at once
+    async def arrive(self, *, judged: bool = True, attempts: int = 0,
+                     deadline: float | None = None) -> Ticket:
+        """:meth:`enter`, waiting in line when there is no room (see the module doc).
+        ``attempts``: gRPC's previous attempts of this call (more go first); ``deadline``: the
+        event loop's time when the call's deadline passes (None: none)."""
         if not self._room and self._full(self._usual(), judged) is None:
             return self.enter(judged=judged)
-        ticket = await self._room.wait(attempts, judged=judged, full=self._waiting_full)
+        if not self._room.open:
+            return self.enter(judged=judged)  # no line: refused at once (or room came free)
+        timeout = None
+        if deadline is not None:
+            left = deadline - asyncio.get_running_loop().time()
+            timeout = left - self._served_s  # it must still be served once let in
+            wait = self._predicted_wait(attempts, judged)
+            if timeout <= 0 or (wait is not None and wait > timeout):
+                raise self._refuse(
+                    f"{len(self._room)} calls wait for room already and the line's predicted "
+                    f"wait{'' if wait is None else f' of {wait:.1f} s'} plus a call's "
+                    f"{self._served_s:.1f} s once admitted would pass this call's deadline "
+                    f"({left:.1f} s left; limits: {self.calls} of {self.max_calls} calls, "
+                    f"{self.judgments} of {self.max_judgments} judgments in flight)",
+                    "deadline", "before_read")
+        ticket = await self._room.wait(attempts, judged=judged, full=self._waiting_full,
+                                       timeout_s=timeout)
         if ticket is not None:
             return ticket
         refused = self._room_error(self._usual(), judged, "waited")
         if refused is not None:
             raise refused
         return Ticket(self, judged=judged)
+
+    def _predicted_wait(self, attempts: int, judged: bool) -> float | None:
+        """Seconds until a call that joins the line now would be let in: the work held and the
+        usual calls waiting ahead of it, past the limits, at the measured throughput (None:
+        not measured yet)."""
+        ahead = self._room.ahead(attempts) + 1
+        waits = [0.0]
+        if self.max_calls is not None and self.calls_per_s:
+            waits.append((self.calls + ahead - self.max_calls) / self.calls_per_s)
+        if judged and self.max_judgments is not None:
+            if not self.judgments_per_s:
+                return None
+            over = self.judgments + ahead * max(1, self._usual()) - self.max_judgments
+            waits.append(over / self.judgments_per_s)
+        return max(waits)
 
     def _waiting_full(self) -> Overloaded:
         return self._refuse(f"{len(self._room)} calls wait for room already (limits: "
@@ -316,7 +350,9 @@ class Admission:
             self._hold(ticket, 0, nbytes)
             return
         usual = self._usual() if ticket.judged else 0
-        refused = self._room_error(usual, ticket.judged, "after_read")
+        # with a line, a call found room when it arrived and is not refused for the calls that
+        # found it too while their requests arrived (they overshoot the limits by that much)
+        refused = None if self._room.open else self._room_error(usual, ticket.judged, "after_read")
         if refused is not None:
             raise refused
         hold = usual
@@ -338,7 +374,10 @@ class Admission:
 
     def _admit(self, ticket: Ticket, judgments: int, nli: int) -> None:
         others = self.judgments - ticket.judgments  # without this call's provisional hold
-        if not self._fits(others, judgments):
+        # with a line, only a call larger than it held (a usual call, or its body's estimate)
+        # is refused when it does not fit: the room it held was counted when it arrived
+        strict = not self._room.open or judgments > ticket.judgments
+        if strict and not self._fits(others, judgments):
             raise self._refuse(
                 f"{others} judgments in flight and this call needs {judgments}, limit "
                 f"{self.max_judgments} ({self._sizing('judgments')})",
@@ -372,6 +411,7 @@ class Admission:
             # ingress-bound server) is latency too, and must shrink the limit
             took = now - ticket.arrived_at
             self._call_s += _EWMA * (took - self._call_s)
+            self._served_s += _EWMA * (now - ticket.admitted_at - self._served_s)
             # alone from its admission to its end: nobody else admitted or still held
             if ticket.alone and ticket.seq == self._admitted and not self.calls:
                 self._alone.observe(judgments, took)

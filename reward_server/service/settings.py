@@ -13,11 +13,12 @@ class AdmissionSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    enabled: bool = Field(True, description="Refuse work beyond the limits below.")
+    enabled: bool = Field(True, description="Bound the work in flight by the limits below.")
     adaptive: bool = Field(
-        True, description="Size the judgment and call limits from the engines' measured "
-        "throughput and target_p99_s, between the floors and the caps below; false: the caps "
-        "are the limits."
+        False, description="Size the judgment and call limits from the engines' measured "
+        "throughput and target_p99_s, between the floors and the caps below (latency first: "
+        "calls past the measured limit wait or are refused while the engines could take "
+        "more); false: the caps are the limits."
     )
     target_p99_s: float | None = Field(
         None, gt=0, le=3600, description="Latency admitted calls should keep under load (p99). "
@@ -45,17 +46,19 @@ class AdmissionSettings(BaseModel):
     min_calls_in_flight: int = Field(
         16, ge=1, description="Floor of the adaptive call limit."
     )
-    max_wait_s: float = Field(
-        0.05, ge=0, le=1, description="How long a retried call that does not fit may wait for "
-        "room (fair order: most previous attempts first, then earliest) before it is refused "
-        "(first attempts never wait). 0.05: about one 256-item call on 2 cores, so the room "
-        "freed by the next call to finish goes to a waiting retry instead of idling until the "
-        "next pushback ends (bench/scaling.py, 256-item calls, concurrency 256 / 64: 0.86-0.96x "
-        "in four runs against 0.81-0.84x in three at 0.005)."
-    )
     max_waiting: int = Field(
-        128, ge=0, description="Calls waiting for room at once; past it a call with more "
-        "previous attempts takes the place of the newest with fewer, the others are refused."
+        4096, ge=0, description="Calls waiting in line for room at once (before their request "
+        "is read: a waiting call holds no admitted work). A call that does not fit waits, most "
+        "previous attempts first, then the earliest, while its deadline allows; it is refused "
+        "at once (RESOURCE_EXHAUSTED with a retry hint) when the line's predicted wait, from "
+        "the measured throughput, would pass its deadline, or when the line is full (then a "
+        "call with more previous attempts takes the place of the newest with fewer). 0: no "
+        "line, a call that does not fit is refused at once."
+    )
+    max_wait_s: float | None = Field(
+        None, ge=0, description="The longest a call waits in line. None: as long as its "
+        "deadline (or server.default_timeout_s) allows, less the time a call takes once "
+        "admitted."
     )
     max_request_bytes_in_flight: int = Field(
         512 * 1024 * 1024, ge=1024, description="Request bytes (encoded) held by admitted and "

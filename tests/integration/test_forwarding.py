@@ -121,7 +121,7 @@ async def test_an_engine_failure_is_unavailable_and_a_bug_internal_across_the_ho
 
 
 async def test_a_refusal_for_load_carries_the_replicas_pushback() -> None:
-    hop = Hop(_replica(["service.admission.adaptive=false", "service.admission.max_calls_in_flight=1",
+    hop = Hop(_replica(["service.admission.max_waiting=0", "service.admission.max_calls_in_flight=1",
                         "service.admission.min_calls_in_flight=1"],
                        judge_factory=lambda s: FakeJudge(latency_s=0.3),
                        nli_factory=lambda s: FakeNLI()))

@@ -77,10 +77,11 @@ async def test_a_half_open_authenticated_call_times_out_holding_nothing() -> Non
 
 
 async def test_overload_is_refused_fast_and_admitted_calls_succeed() -> None:
-    """8 calls of 16 judgments against a limit of 64: 4 run, 4 are refused at once with a
-    retry hint; then the capacity is free again."""
+    """Without a line (max_waiting=0), 8 calls of 16 judgments against a limit of 64: 4 run,
+    4 are refused at once with a retry hint; then the capacity is free again."""
     request = encoded(rubric_items(1, 16))
-    async with running_server(["service.admission.max_judgments_in_flight=64"],
+    async with running_server(["service.admission.max_judgments_in_flight=64",
+                               "service.admission.max_waiting=0"],
                               judge=FakeJudge(latency_s=0.4)) as r:
         async with grpc.aio.insecure_channel(r.target) as ch:
             score = ch.unary_unary(SCORE, request_serializer=pb.ScoreRequest.SerializeToString,

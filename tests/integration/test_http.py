@@ -243,7 +243,7 @@ async def test_invalid_bodies_are_400(server: Running) -> None:
 
 
 async def test_load_shed_is_429_with_retry_after() -> None:
-    async with running_server(["server.http.port=0",
+    async with running_server(["server.http.port=0", "service.admission.max_waiting=0",
                                "service.admission.max_judgments_in_flight=1"],
                               judge=FakeJudge(latency_s=1.0)) as r:
         one = {"items": [{"id": "a", "rubric_score": {"text": "coffee", "rules": [RULES[0]]}}]}

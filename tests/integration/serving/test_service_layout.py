@@ -43,7 +43,7 @@ async def test_calls_errors_and_health_through_the_service_replicas(
         return FakeJudge(latency_s=0.3)
 
     app = await start_app(_config(f"t-svc-{transport}", [
-        f"serving.ray.transport={transport}", "service.admission.adaptive=false",
+        f"serving.ray.transport={transport}", "service.admission.max_waiting=0",
         "service.admission.max_calls_in_flight=1", "service.admission.min_calls_in_flight=1"]),
         judge_factory=slow)
     assert app.service is None

@@ -1,5 +1,6 @@
-"""Admission control counts work, refuses what does not fit at once with a retry hint, and
-lets a request bigger than the limit run alone."""
+"""Admission control counts work, lets a call that does not fit wait in line while its deadline
+allows (else refuses it at once with a retry hint), and lets a request bigger than the limit run
+alone."""
 
 from __future__ import annotations
 
@@ -92,10 +93,14 @@ def test_bytes_are_held_until_release() -> None:
 
 
 def test_settings_size_the_default_from_the_engines() -> None:
-    a = admission_for(AdmissionSettings(batches_in_flight=4), engine_batch_items=300)
+    default = admission_for(AdmissionSettings(batches_in_flight=4), engine_batch_items=300)
+    assert not default.adaptive and (default.max_judgments, default.max_calls) == (1200, 4096)
+    a = admission_for(AdmissionSettings(batches_in_flight=4, adaptive=True),
+                      engine_batch_items=300)
     assert (a.cap_judgments, a.min_judgments) == (1200, 300)  # caps: 4 batches; floor: one
     assert a.adaptive and a.max_judgments == 300  # nothing measured yet: the floor
-    floor = admission_for(AdmissionSettings(min_judgments_in_flight=300), engine_batch_items=300)
+    floor = admission_for(AdmissionSettings(min_judgments_in_flight=300, adaptive=True),
+                          engine_batch_items=300)
     assert floor.max_judgments == 300
     fixed = admission_for(AdmissionSettings(max_judgments_in_flight=7, adaptive=False),
                           engine_batch_items=300)
@@ -246,29 +251,79 @@ async def _waiter(a: Admission, attempts: int, order: list[int]) -> None:
         await asyncio.sleep(0)
 
 
-async def test_room_goes_to_retried_calls_first_and_new_ones_never_pass_them() -> None:
-    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=1.0, max_waiting=3, seed=0)
+async def test_calls_that_do_not_fit_wait_in_line_retried_ones_first() -> None:
+    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=None, max_waiting=3, seed=0)
     first = await a.arrive()
     first.add_bytes(1)
     first.admit(100)  # full
-    with pytest.raises(Overloaded):
-        await a.arrive()  # a first attempt is refused at once
     order: list[int] = []
-    waiting = [asyncio.create_task(_waiter(a, n, order)) for n in (1, 3, 2)]
+    waiting = [asyncio.create_task(_waiter(a, n, order)) for n in (0, 3, 2)]
     await asyncio.sleep(0.01)
-    assert a.waiting == 3
-    late = asyncio.create_task(_waiter(a, 1, order))  # room full, no more attempts than any
+    assert a.waiting == 3 and not any(w.done() for w in waiting)
+    late = asyncio.create_task(_waiter(a, 0, order))  # line full, no more attempts than any
     await asyncio.sleep(0.01)
     assert late.done() and isinstance(late.exception(), Overloaded)
     keen = asyncio.create_task(_waiter(a, 5, order))  # takes the place of the newest, fewest
     await asyncio.sleep(0.01)
     assert isinstance(waiting[0].exception(), Overloaded)
     first.release()
-    with pytest.raises(Overloaded, match="wait for room"):
-        await a.arrive()  # room, but retried calls wait: a first attempt does not pass them
     await asyncio.gather(keen, waiting[1], waiting[2])
     assert order == [5, 3, 2]
-    assert (a.calls, a.judgments) == (0, 0)
+    assert (a.calls, a.judgments, a.waiting) == (0, 0, 0)
+
+
+async def test_without_a_line_a_call_that_does_not_fit_is_refused_at_once() -> None:
+    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=None, max_waiting=0, seed=0)
+    with await a.arrive() as first:
+        first.add_bytes(1)
+        first.admit(100)
+        with pytest.raises(Overloaded, match="100 judgments in flight") as e:
+            await a.arrive(attempts=3)
+        assert e.value.retry_after_s is not None and e.value.retry_after_s > 0
+
+
+async def test_a_call_waits_while_its_deadline_allows_then_is_refused() -> None:
+    """Nothing measured yet: no prediction, so the call waits, and is refused (not timed out)
+    once its deadline no longer allows it to be served."""
+    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=None, max_waiting=8, seed=0)
+    loop = asyncio.get_running_loop()
+    with await a.arrive() as first:
+        first.add_bytes(1)
+        first.admit(100)
+        t = loop.time()
+        with pytest.raises(Overloaded, match="100 judgments in flight"):
+            await a.arrive(deadline=t + 0.05)
+        assert 0.04 < loop.time() - t < 1.0
+        with pytest.raises(Overloaded, match="deadline"):
+            await a.arrive(deadline=t)  # passed already: at once
+    assert not a.waiting
+
+
+async def test_a_call_is_refused_at_once_when_the_lines_predicted_wait_passes_its_deadline(
+) -> None:
+    """The engines complete 1,000 judgments a second (measured): behind 100 judgments over the
+    limit a call of 100 would wait about 0.2 s, so a deadline of 50 ms is refused at once and
+    one of 10 s waits, and is let in when room is freed."""
+    clock = Clock()
+    a = Admission(max_judgments=100, max_bytes=None, max_wait_s=None, max_waiting=8, seed=0,
+                  clock=clock)
+    _load(a, clock, offered=1, seconds=2.0, took_s=lambda n: 0.1)  # 100 judgments / 0.1 s
+    assert a.judgments_per_s == pytest.approx(1000, rel=0.05)
+    loop = asyncio.get_running_loop()
+    first = a.enter()
+    first.add_bytes(100)
+    first.admit(100)  # full
+    t = loop.time()
+    with pytest.raises(Overloaded, match=r"predicted wait of 0\.\d s .*would pass this call's "
+                       r"deadline") as e:
+        await a.arrive(deadline=t + 0.05)
+    assert loop.time() - t < 0.02 and e.value.retry_after_s is not None
+    patient = asyncio.create_task(a.arrive(deadline=t + 10))
+    await asyncio.sleep(0.01)
+    assert a.waiting == 1 and not patient.done()
+    first.release()
+    (await patient).release()
+    assert (a.judgments, a.calls, a.waiting) == (0, 0, 0)
 
 
 async def test_a_call_waits_at_most_max_wait_s() -> None:
