@@ -18,7 +18,7 @@ port) as ``reward_server_replica_batch_items``; Serve's built-in ``ray_serve_*``
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import (
@@ -143,10 +143,10 @@ def observe_engine_call(deployment: str, method: str, outcome: str, seconds: flo
         ENGINE_LATENCY.labels(deployment, method).observe(seconds)
 
 
-def set_admitted(judgments: int, nbytes: int) -> None:
-    """The work admission control holds now."""
-    ADMITTED.labels("judgments").set(judgments)
-    ADMITTED.labels("bytes").set(nbytes)
+def watch_admitted(judgments: Callable[[], float], nbytes: Callable[[], float]) -> None:
+    """The work admission control holds, read when scraped (nothing to do per call)."""
+    ADMITTED.labels("judgments").set_function(judgments)
+    ADMITTED.labels("bytes").set_function(nbytes)
 
 
 def set_admission_limits(judgments: int | None, calls: int | None) -> None:

@@ -143,13 +143,16 @@ class Admission:
         if s.min_judgments_in_flight is None and 0 < nli_batch_items < engine_batch_items:
             split = (engine_batch_items - nli_batch_items, nli_batch_items)
         cap = s.max_judgments_in_flight or s.batches_in_flight * engine_batch_items
-        return cls(
+        admission = cls(
             max_judgments=cap, max_bytes=s.max_request_bytes_in_flight,
             max_calls=s.max_calls_in_flight, adaptive=s.adaptive,
             min_judgments=s.min_judgments_in_flight or engine_batch_items,
             min_calls=s.min_calls_in_flight, target_s=s.target_p99_s, max_wait_s=s.max_wait_s,
             max_waiting=s.max_waiting, batches=split,
         )
+        # the process's admission (the one a server serves with): its gauges read when scraped
+        metrics.watch_admitted(lambda: admission.judgments, lambda: admission.bytes)
+        return admission
 
     def retry_after_s(self) -> float:
         """How long a refused caller should wait: about one call's duration (jittered), and
@@ -331,7 +334,6 @@ class Admission:
         ticket.nbytes += nbytes
         ticket.calls += calls
         self._window.held(self.judgments - self.estimated)  # the work held, not estimates
-        metrics.set_admitted(self.judgments, self.bytes)
         if self.calls == calls > 0:
             self._window.busy_since = self._clock()
         elif not self.calls and calls < 0:
