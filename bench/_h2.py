@@ -38,6 +38,19 @@ def _frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", sid) + payload
 
 
+def _hpack_int(value: int, prefix_bits: int) -> bytes:
+    """An HPACK integer (RFC 7541 5.1) with a ``prefix_bits`` prefix (other prefix bits 0)."""
+    top = (1 << prefix_bits) - 1
+    if value < top:
+        return bytes((value,))
+    out, value = bytearray((top,)), value - top
+    while value >= 128:
+        out.append(value % 128 + 128)
+        value //= 128
+    out.append(value)
+    return bytes(out)
+
+
 def _literal(name: bytes, value: bytes) -> bytes:
     """An HPACK literal header field without indexing (new name; lengths < 127)."""
     return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
@@ -155,33 +168,40 @@ class RawH2:
         return sent
 
     async def continuation_flood(self, path: str, nbytes: int, *, frame_bytes: int = 16384,
-                                 timeout_s: float = 60.0) -> int:
-        """A HEADERS frame without END_HEADERS, then CONTINUATION frames of ``frame_bytes``
-        (new literal header fields) that never end the block, up to ``nbytes``; how many bytes
-        the server took before it closed the connection (or sent GOAWAY). After this the
-        connection is raw bytes only (no further call)."""
+                                 timeout_s: float = 60.0, one_value: bool = False) -> int:
+        """A HEADERS frame without END_HEADERS, then CONTINUATION frames of ``frame_bytes`` that
+        never end the block, up to ``nbytes``: new literal header fields of 100 bytes, or with
+        ``one_value`` a single field whose value is declared 2 GiB long and streamed. Returns
+        how many bytes were written before the server closed the connection (or sent GOAWAY).
+        After this the connection is raw bytes only (no further call)."""
         sid = self._conn.get_next_available_stream_id()
         block = self._conn.encoder.encode(grpc_headers(path))
-        field = _literal(b"x-flood", b"v" * 100)
-        payload = field * max(1, frame_bytes // len(field))
+        if one_value:  # a literal field, new name, value length 2^31 (HPACK integer, 7-bit prefix)
+            block += b"\x00\x07x-flood" + _hpack_int(1 << 31, 7)
+            payload = b"v" * frame_bytes
+        else:
+            field = _literal(b"x-flood", b"v" * 100)
+            payload = field * max(1, frame_bytes // len(field))
         await self._flush()
+        frame = _frame(_CONTINUATION, 0, sid, payload)
         self._writer.write(_frame(_HEADERS, 0, sid, block))  # no END_HEADERS, no END_STREAM
         sent = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         buffered = b""
         try:
-            while sent < nbytes and loop.time() < deadline:
-                self._writer.write(_frame(_CONTINUATION, 0, sid, payload))
-                sent += len(payload)
+            while sent < nbytes and loop.time() < deadline and self.goaway is None:
+                for _ in range(64):  # 1 MiB a write
+                    self._writer.write(frame)
+                    sent += len(payload)
                 await self._writer.drain()
+                if self._reader.at_eof():
+                    break
                 with contextlib.suppress(TimeoutError):
                     got = await asyncio.wait_for(self._reader.read(65536), 0.0001)
                     if not got:
                         break
                     buffered = self._scan_goaway(buffered + got)
-                if self.goaway is not None:
-                    break
         except ConnectionError:
             pass
         self.closed = True

@@ -41,6 +41,7 @@ import time
 
 import _faultkit as kit
 import grpc
+from _attacks import trainer_load
 from _faultkit import (
     AUTH,
     ONE_ITEM,
@@ -590,6 +591,9 @@ async def run(args: argparse.Namespace) -> None:
     common += args.set
     std = rubric_request(32, 4)
 
+    if args.only == "trainer":
+        print("\n".join(await trainer_load(common, args)))
+        return
     if args.only is not None:  # a quick look at one class while tuning (not the report)
         s = Server(common, args.engine_latency)
         if args.limit is None:
@@ -717,7 +721,13 @@ def main() -> None:
                     help="a server setting for every `reward-server serve` it starts (as its --set; "
                     "repeatable; not the in-process engine-failure check), e.g. to try a "
                     "setting against the defaults")
-    ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small"],
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the trainer load")
+    ap.add_argument("--trainer-seconds", type=float, default=5.0,
+                    help="seconds each trainer-load cell is counted (after 1 s of warm-up)")
+    ap.add_argument("--trainer-loops", type=int, nargs="+", default=[256, 1024],
+                    help="closed loops of 1-item calls in the trainer-load rows")
+    ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small",
+                                       "trainer"],
                     help="run only the baselines and one class: the overload (4), attack B "
                     "(streams), B and then C (connections), the large requests (3a-3d), attack A "
                     "and then 3a-3d (memory: the large messages whose RSS stays), or the 1,024 "

@@ -7,7 +7,7 @@ handler answers at once or aborts at once), in one run.
     python bench/refusal_cost.py --calls 8000
 
 `reward-server serve --fake` runs in its own process with admission fixed at one call in flight
-(`service.admission.adaptive=false`, `max_calls_in_flight=1`) and fake engines that sleep
+and no line (`service.admission.max_calls_in_flight=1`, `max_waiting=0`) and fake engines that sleep
 ``--hold-s``. One Score call holds that slot while the refused calls run; the Info and served
 rows run before it. The server's CPU per call comes from /proc (all its threads: gRPC's own
 threads as well as the event loop). The callers send one call at a time, so the latency is the
@@ -15,7 +15,11 @@ round trip of one call on an otherwise idle server; the rows "16 at once" keep 1
 flight (only the refused row: admission has one slot, which Info calls take too). The
 bare server (this script with ``--bare-port``, its own process, no interceptors) answers raw bytes
 with an empty message, or aborts with RESOURCE_EXHAUSTED. The burst rows send ``--burst`` calls at
-once, ``--bursts`` times, and report each burst's slowest round trip. The bare figure is what any call costs a
+once, ``--bursts`` times, and report each burst's slowest round trip. The large-burst rows (the bar of
+issue 51) send ``--big-burst`` Score calls of ``--big-items`` NLI items (25 KB each with the
+defaults: 512 x 256) at once on one channel, to ours and to the bare server, ``--bursts`` times,
+and report the median refusal latency (p50 over a burst's calls, median over the bursts) and
+the ratio. The bare figure is what any call costs a
 grpc.aio server on this machine before our code runs, so a burst of N calls arriving at once
 takes at least N times it of the server's CPU to answer, whatever it answers (printed).
 Loopback only; stops by itself.
@@ -102,6 +106,30 @@ async def burst_row(name: str, pid: int, call: Callable[[], Awaitable[object]], 
     return label, 1000 * cpu / (size * bursts), 1000 * slowest[len(slowest) // 2], codes
 
 
+async def big_burst_row(name: str, pid: int, call: Callable[[], Awaitable[object]], *, size: int,
+                        bursts: int) -> Row:
+    """``bursts`` bursts of ``size`` calls sent at once (50 ms apart); the latency column is
+    the median over the bursts of each burst's p50 (the label gives the range)."""
+    codes: dict[str, int] = {}
+    p50s: list[float] = []
+    c0 = proc_cpu_s(pid)
+    for _ in range(bursts):
+        lat = sorted(await asyncio.gather(*(counted(call, codes) for _ in range(size))))
+        p50s.append(lat[len(lat) // 2])
+        await asyncio.sleep(0.05)
+    cpu = proc_cpu_s(pid) - c0
+    p50s.sort()
+    label = (f"{name}, bursts of {size} at once on one channel (latency: p50 of a burst, median "
+             f"over {bursts}; range {1000 * p50s[0]:.0f}-{1000 * p50s[-1]:.0f} ms)")
+    return label, 1000 * cpu / (size * bursts), 1000 * p50s[len(p50s) // 2], codes
+
+
+def big_request(items: int) -> pb.ScoreRequest:
+    return pb.ScoreRequest(items=[pb.ScoreItem(id=f"i{k}", nli_constraints=pb.NliConstraints(
+        response="Paris is the capital of France, a big city with many old museums.", answer="Paris",
+        preference="big")) for k in range(items)])
+
+
 async def bare_server(port: int) -> None:
     """A grpc.aio server with nothing of ours: /bare.B/Answer returns an empty message at once,
     /bare.B/Refuse aborts with RESOURCE_EXHAUSTED at once (raw bytes, no parsing)."""
@@ -139,6 +167,10 @@ async def bare_rows(args: argparse.Namespace) -> list[Row]:
             rows.append(await burst_row("bare grpc.aio: aborted at once", proc.pid,
                                         lambda: refuse(b"", timeout=5), size=args.burst,
                                         bursts=args.bursts))
+            big = big_request(args.big_items).SerializeToString()
+            rows.append(await big_burst_row(
+                f"bare grpc.aio: aborted at once, {args.big_items}-item bodies", proc.pid,
+                lambda: refuse(big, timeout=30), size=args.big_burst, bursts=args.bursts))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -151,7 +183,7 @@ async def main(args: argparse.Namespace) -> None:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     engines = (f"engines={{judge: {{kind: fake}}, nli: {{kind: fake, latency_s: {args.hold_s}}}}}")
     cmd = [sys.executable, "-m", "reward_server", "serve", "--port", str(port), "--set", engines,
-           "--set", f"server.auth_token={TOKEN}", "--set", "service.admission.adaptive=false",
+           "--set", f"server.auth_token={TOKEN}", "--set", "service.admission.max_waiting=0",
            "--set", "service.admission.max_calls_in_flight=1", "--set", "server.drain_delay_s=0",
            *(x for kv in args.set for x in ("--set", kv))]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -185,6 +217,11 @@ async def main(args: argparse.Namespace) -> None:
                               args.concurrency))
         rows.append(await burst_row("Score, refused for load", proc.pid, refused,
                                     size=args.burst, bursts=args.bursts))
+        big = big_request(args.big_items)
+        rows.append(await big_burst_row(
+            f"Score, refused for load, {args.big_items}-item calls", proc.pid,
+            lambda: stub.Score(big, metadata=md, timeout=30), size=args.big_burst,
+            bursts=args.bursts))
         hold.cancel()
     finally:
         await channel.close()
@@ -204,7 +241,10 @@ async def main(args: argparse.Namespace) -> None:
           f"{rows[2][1] / bare[1][1]:.2f}, {args.concurrency} at once x{rows[3][1] / bare[3][1]:.2f}; "
           f"Info (answered) one at a time x{rows[0][1] / bare[0][1]:.2f}")
     print(f"bursts of {args.burst} refused at once, the slowest call of a burst (median over "
-          f"{args.bursts}): ours {rows[4][2]:.1f} ms, bare grpc.aio {bare[-1][2]:.1f} ms")
+          f"{args.bursts}): ours {rows[4][2]:.1f} ms, bare grpc.aio {bare[-2][2]:.1f} ms")
+    print(f"bursts of {args.big_burst} calls of {args.big_items} items refused at once on one "
+          f"channel, refusal p50 (median over {args.bursts} bursts): ours {rows[5][2]:.1f} ms, "
+          f"bare grpc.aio {bare[-1][2]:.1f} ms: x{rows[5][2] / bare[-1][2]:.2f} (bar: <= 1.5)")
     floor = min(bare[2][1], bare[3][1])
     print(f"a burst of N calls at once costs a grpc.aio server at least N x {floor:.3f} ms of "
           f"CPU to answer, whatever it answers: N=8 {8 * floor:.1f} ms, N=32 {32 * floor:.1f} ms "
@@ -219,6 +259,10 @@ if __name__ == "__main__":
     ap.add_argument("--burst", type=int, default=32,
                     help="calls of one burst (32: bench/faults.py's 8x overload loops)")
     ap.add_argument("--bursts", type=int, default=40, help="bursts per burst row")
+    ap.add_argument("--big-burst", type=int, default=512,
+                    help="calls of one large burst (issue 51's bar: 512)")
+    ap.add_argument("--big-items", type=int, default=256,
+                    help="NLI items per call of the large bursts (256: ~25 KB)")
     ap.add_argument("--hold-s", type=float, default=120.0,
                     help="how long the call holding the slot sleeps (longer than the refused rows)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
