@@ -1,43 +1,45 @@
-"""gRPC's standard server metrics (gRFC A66), recorded by a grpc.aio server interceptor and
-exported with OpenTelemetry's SDK and Prometheus exporter into the process's Prometheus registry
+"""gRPC's standard server metrics (gRFC A66), recorded by each handler the server registers
+(wrapped once, when it is registered: :func:`register`), into the process's Prometheus registry
 (:func:`reward_server.metrics.exposition`).
 
 The instruments, attributes and bucket boundaries are the ones gRFC A66 defines and gRPC's own
-OpenTelemetry plugins (C++, Java, Go, ``grpcio-observability``) emit, so dashboards made for
-gRPC's metrics read them unchanged::
+OpenTelemetry plugins (C++, Java, Go, ``grpcio-observability``) emit, under the names their
+Prometheus export gives them, so dashboards made for gRPC's metrics read them unchanged::
 
-    grpc.server.call.started                           counter    {grpc.method}
-    grpc.server.call.duration                          histogram  {grpc.method, grpc.status}  s
-    grpc.server.call.rcvd_total_compressed_message_size  histogram  ...                     By
-    grpc.server.call.sent_total_compressed_message_size  histogram  ...                     By
+    grpc_server_call_started_total                              counter    {grpc_method}
+    grpc_server_call_duration_seconds                           histogram  {grpc_method, grpc_status}
+    grpc_server_call_rcvd_total_compressed_message_size_bytes   histogram  {grpc_method, grpc_status}
+    grpc_server_call_sent_total_compressed_message_size_bytes   histogram  {grpc_method, grpc_status}
 
-In Prometheus' text format these are ``grpc_server_call_started_total``,
-``grpc_server_call_duration_seconds``, ``grpc_server_call_rcvd_total_compressed_message_size_bytes``
-and ``grpc_server_call_sent_total_compressed_message_size_bytes`` with the labels
-``grpc_method`` and ``grpc_status``. ``grpcio-observability`` itself is not used: each of its
-releases requires exactly its own grpcio version (1.85.0 for grpcio 1.85.1 here, which pip
-cannot resolve). Every method with a handler is counted (health, reflection, reward.v1; a call
-refused by the token check too); calls to unknown methods are answered UNIMPLEMENTED by gRPC and
-not counted, so the ``grpc_method`` values are bounded. The server sets no compression, so the
-sizes are the serialized message sizes. Only gRPC calls are counted here; the HTTP/JSON door's
-calls are in ``reward_server_rpc_calls_total{transport="http"}``.
+Every method the server registers is counted (health, reflection, reward.v1; a call refused by
+the token check too); calls to unknown methods are answered UNIMPLEMENTED by gRPC and not
+counted, so the ``grpc_method`` values are bounded. The server sets no compression, so the sizes
+are the serialized message sizes. Only gRPC calls are counted here; the HTTP/JSON door's calls are
+in ``reward_server_rpc_calls_total{transport="http"}``.
+
+Wrapped handlers and prometheus_client, not a server interceptor and OpenTelemetry's SDK (as
+before; ``grpcio-observability`` itself requires exactly its own grpcio version): both ran on
+every call, a refused one too, and a refusal for load must cost the server little, as it comes
+when the server has no time to spare. On a burst of 512 calls refused at once the interceptor
+alone added about a quarter to a bare grpc.aio server's refusal latency, and the SDK's four
+records took ~34 us a call (bench/refusal_cost.py); here a call costs a dict lookup and four
+prometheus_client updates. The bearer-token check (:class:`~reward_server.rpc.auth.TokenCheck`)
+runs in the same wrapper, first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import grpc
+from prometheus_client import Counter, Histogram
 
-if TYPE_CHECKING:
-    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:  # the runtime class is not generic
-    _Interceptor = grpc.aio.ServerInterceptor
+from reward_server.rpc.auth import TokenCheck
 
 # gRFC A66's recommended boundaries
 LATENCY_BOUNDARIES = (
@@ -49,81 +51,62 @@ SIZE_BOUNDARIES = (
     0, 1024, 2048, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864, 268435456,
     1073741824, 4294967296,
 )
-METER_NAME = "grpc-python"
+STARTED = Counter(
+    "grpc_server_call_started", "The total number of calls started, including those not yet "
+    "completed.", ("grpc_method",),
+)
+DURATION = Histogram(
+    "grpc_server_call_duration_seconds", "End-to-end time taken to complete a call from the "
+    "server's view.", ("grpc_method", "grpc_status"), buckets=LATENCY_BOUNDARIES,
+)
+RCVD = Histogram(
+    "grpc_server_call_rcvd_total_compressed_message_size_bytes", "Total bytes (compressed, not "
+    "framed) received across all request messages of a call.", ("grpc_method", "grpc_status"),
+    buckets=SIZE_BOUNDARIES,
+)
+SENT = Histogram(
+    "grpc_server_call_sent_total_compressed_message_size_bytes", "Total bytes (compressed, not "
+    "framed) sent across all response messages of a call.", ("grpc_method", "grpc_status"),
+    buckets=SIZE_BOUNDARIES,
+)
+_BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("grpc_metrics_call",
+                                                                    default=None)
 
 
-class _Instruments:
-    """The four A66 server instruments on one meter provider, exported to Prometheus."""
+class _Method:
+    """One method's metric children, looked up once per status."""
 
-    def __init__(self) -> None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from opentelemetry.sdk.metrics import MeterProvider
+    __slots__ = ("_ended", "name", "started")
 
-        # registers itself with prometheus_client's default registry (once per process)
-        self.provider = MeterProvider(metric_readers=[PrometheusMetricReader(disable_target_info=True)])
-        meter = self.provider.get_meter(METER_NAME, grpc.__version__)
-        self.started = meter.create_counter(
-            "grpc.server.call.started", unit="{call}",
-            description="The total number of calls started, including those not yet completed.",
-        )
-        self.duration = meter.create_histogram(
-            "grpc.server.call.duration", unit="s",
-            description="End-to-end time taken to complete a call from the server's view.",
-            explicit_bucket_boundaries_advisory=LATENCY_BOUNDARIES,
-        )
-        self.rcvd = meter.create_histogram(
-            "grpc.server.call.rcvd_total_compressed_message_size", unit="By",
-            description="Total bytes (compressed, not framed) received across all request "
-            "messages of a call.", explicit_bucket_boundaries_advisory=SIZE_BOUNDARIES,
-        )
-        self.sent = meter.create_histogram(
-            "grpc.server.call.sent_total_compressed_message_size", unit="By",
-            description="Total bytes (compressed, not framed) sent across all response "
-            "messages of a call.", explicit_bucket_boundaries_advisory=SIZE_BOUNDARIES,
-        )
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = STARTED.labels(name)
+        self._ended: dict[str, tuple[Any, Any, Any]] = {}
 
-
-_instruments: _Instruments | None = None
-_lock = threading.Lock()
-
-
-def instruments() -> _Instruments:
-    """The process's instruments (one exporter per process: Prometheus has one registry)."""
-    global _instruments
-    with _lock:
-        if _instruments is None:
-            _instruments = _Instruments()
-        return _instruments
+    def ended(self, status: str, seconds: float, rcvd: int, sent: int) -> None:
+        children = self._ended.get(status)
+        if children is None:
+            children = self._ended[status] = (DURATION.labels(self.name, status),
+                                              RCVD.labels(self.name, status),
+                                              SENT.labels(self.name, status))
+        children[0].observe(seconds)
+        children[1].observe(rcvd)
+        children[2].observe(sent)
 
 
 class _Call:
     """One call's measurements; recorded when gRPC reports the call done."""
 
-    __slots__ = ("attrs", "instruments", "rcvd", "sent", "start", "status")
+    __slots__ = ("method", "rcvd", "sent", "start", "status")
 
-    def __init__(self, instruments: _Instruments, method: str) -> None:
-        self.instruments = instruments
-        self.attrs = {"grpc.method": method}
+    def __init__(self, method: _Method) -> None:
+        self.method = method
         self.start = time.perf_counter()
         self.rcvd = 0
         self.sent = 0
         self.status: str | None = None  # what the handler's own end says, when gRPC's code does not
-        instruments.started.add(1, self.attrs)
-
-    def deserializer(self, inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
-        def deserialize(raw: bytes) -> Any:
-            self.rcvd += len(raw)
-            return raw if inner is None else inner(raw)
-
-        return deserialize
-
-    def serializer(self, inner: Callable[[Any], bytes] | None) -> Callable[[Any], bytes]:
-        def serialize(message: Any) -> bytes:
-            raw = message if inner is None else inner(message)
-            self.sent += len(raw)
-            return bytes(raw)
-
-        return serialize
+        method.started.inc()
 
     def ended(self, exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """The handler ended with ``exc``: an abort sets its code on the context; a cancelled
@@ -144,11 +127,35 @@ class _Call:
             status = code.name if isinstance(code, grpc.StatusCode) else str(code)
         else:
             status = self.status or "OK"
-        attrs = {**self.attrs, "grpc.status": status}
-        i = self.instruments
-        i.duration.record(time.perf_counter() - self.start, attrs)
-        i.rcvd.record(self.rcvd, attrs)
-        i.sent.record(self.sent, attrs)
+        self.method.ended(status, time.perf_counter() - self.start, self.rcvd, self.sent)
+
+
+def _size(message: Any) -> int:
+    return len(message) if isinstance(message, bytes | bytearray) else int(message.ByteSize())
+
+
+def _deserializer(inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    """A streamed request's deserializer that counts each message (it runs in the call's task,
+    as the handler reads: a unary request is deserialized before, and counted by the handler)."""
+    def deserialize(raw: bytes) -> Any:
+        call = _CALL.get()
+        if call is not None:
+            call.rcvd += len(raw)
+        return raw if inner is None else inner(raw)
+
+    return deserialize
+
+
+def _serializer(inner: Callable[[Any], bytes] | None) -> Callable[[Any], bytes]:
+    """A response serializer that counts each message (returned, yielded or written)."""
+    def serialize(message: Any) -> bytes:
+        raw = message if inner is None else inner(message)
+        call = _CALL.get()
+        if call is not None:
+            call.sent += len(raw)
+        return bytes(raw)
+
+    return serialize
 
 
 def when_done(context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[], object]) -> None:
@@ -177,17 +184,53 @@ def when_done(context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[], obje
     task.add_done_callback(lambda _t: fn())
 
 
-def _watched(behavior: Callable[..., Any], call: _Call) -> Callable[..., Any]:
-    """``behavior`` (a coroutine, async generator or plain function of (request, context))
-    that first asks gRPC to report the call's end to ``call``."""
+def _authorized(context: grpc.aio.ServicerContext[Any, Any], check: TokenCheck) -> str | None:
+    """None when the call carries the token, else what is wrong with it."""
+    presented = b""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            presented = value.encode() if isinstance(value, str) else bytes(value)
+    return check.problem(presented)
 
-    def watch(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+
+def _wrap(behavior: Callable[..., Any], method: _Method, kind: str,
+          check: TokenCheck | None) -> Callable[..., Any]:
+    """``behavior`` (of gRPC handler ``kind``) that counts its call and, with ``check``, first
+    refuses one without the token (UNAUTHENTICATED, before its request is read)."""
+
+    def start(context: grpc.aio.ServicerContext[Any, Any]) -> _Call:
+        call = _Call(method)
+        _CALL.set(call)
         when_done(context, lambda: call.done(context))
+        return call
 
-    if inspect.isasyncgenfunction(behavior):
-        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            watch(context)
+    async def deny(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if check is not None and (reason := _authorized(context, check)) is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+    unary_request = kind.startswith("unary_")
+    if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+        if check is not None:  # the token check awaits an abort
+            raise TypeError("a handler that checks the token must be async")
+
+        def plain(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            call = start(context)  # a plain function (health's List)
             try:
+                if unary_request:
+                    call.rcvd += _size(request)
+                return behavior(request, context)
+            except BaseException as exc:
+                call.ended(exc, context)
+                raise
+
+        return plain
+    if inspect.isasyncgenfunction(behavior):  # response streams that yield (reflection)
+        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            call = start(context)
+            try:
+                await deny(context)
+                if unary_request:
+                    call.rcvd += _size(request)
                 async for response in behavior(request, context):
                     yield response
             except BaseException as exc:
@@ -195,58 +238,55 @@ def _watched(behavior: Callable[..., Any], call: _Call) -> Callable[..., Any]:
                 raise
 
         return stream
-    if inspect.iscoroutinefunction(behavior):
-        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            watch(context)
-            try:
-                return await behavior(request, context)
-            except BaseException as exc:
-                call.ended(exc, context)
-                # gRPC keeps the exception a handler raised in the call's state after the call;
-                # the frames of its traceback hold the request iterator, whose suspended
-                # generator holds the last message (each refused 16 MB body stayed in RSS):
-                # keep neither (the servicer has logged what it needed)
-                del request
-                raise exc.with_traceback(None)  # noqa: B904 - the same exception, re-raised
 
-        return unary
-
-    def plain(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        watch(context)
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        call = start(context)
         try:
-            return behavior(request, context)
+            await deny(context)
+            if unary_request:
+                call.rcvd += _size(request)
+            return await behavior(request, context)
         except BaseException as exc:
             call.ended(exc, context)
-            raise
+            # gRPC keeps the exception a handler raised in the call's state after the call;
+            # the frames of its traceback hold the request iterator, whose suspended generator
+            # holds the last message (each refused 16 MB body stayed in RSS): keep neither
+            # (the servicer has logged what it needed)
+            del request
+            raise exc.with_traceback(None)  # noqa: B904 - the same exception, re-raised
 
-    return plain
+    return unary
 
 
-_BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+def register(server: grpc.aio.Server, service: str,
+             handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]], *,
+             token: TokenCheck | None = None) -> None:
+    """Serve ``service``'s ``handlers`` on ``server``, each counted (see the module doc) and,
+    with ``token``, refusing calls that do not carry it."""
+    wrapped = {}
+    for name, handler in handlers.items():
+        method = _Method(f"{service}/{name}")
+        kind = next(k for k in _BEHAVIORS if getattr(handler, k) is not None)
+        changes = {kind: _wrap(getattr(handler, kind), method, kind, token),
+                   "response_serializer": _serializer(handler.response_serializer)}
+        if not kind.startswith("unary_"):
+            changes["request_deserializer"] = _deserializer(handler.request_deserializer)
+        wrapped[name] = handler._replace(**changes)  # type: ignore[attr-defined]
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+    server.add_registered_method_handlers(service, wrapped)  # type: ignore[attr-defined]
 
 
-class GrpcMetricsInterceptor(_Interceptor):
-    """Records gRFC A66's server metrics for every call that has a handler; place it first so
-    that calls the later interceptors refuse are counted too."""
+class Registrar:
+    """What generated ``add_*Servicer_to_server`` functions call on a server, registering
+    through :func:`register` (so their handlers are counted too)."""
 
-    def __init__(self) -> None:
-        self._instruments = instruments()
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler: Any = await continuation(handler_call_details)
-        if handler is None:  # no such method: gRPC answers UNIMPLEMENTED
-            return handler  # type: ignore[return-value]
-        call = _Call(self._instruments, (handler_call_details.method or "").lstrip("/"))
-        changes: dict[str, Any] = {
-            "request_deserializer": call.deserializer(handler.request_deserializer),
-            "response_serializer": call.serializer(handler.response_serializer),
-        }
-        for name in _BEHAVIORS:
-            behavior = getattr(handler, name)
-            if behavior is not None:
-                changes[name] = _watched(behavior, call)
-        return handler._replace(**changes)  # type: ignore[no-any-return]
+    def add_generic_rpc_handlers(self, generic_handlers: object) -> None:
+        """Ignored: the same handlers arrive by name in :meth:`add_registered_method_handlers`."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        register(self._server, service, handlers)

@@ -157,14 +157,14 @@ class ReflectionServicer:
             yield self.answer(request)
 
 
-def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> None:
-    """Serve reflection v1 and v1alpha for ``service_names`` on ``server``."""
+def reflection_handlers(
+    service_names: Iterable[str],
+) -> dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]]:
+    """Reflection v1 and v1alpha for ``service_names``: service -> its method handlers."""
     servicer = ReflectionServicer(service_names)
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=pb.ServerReflectionRequest.FromString,
         response_serializer=pb.ServerReflectionResponse.SerializeToString,
     )
-    server.add_generic_rpc_handlers([
-        grpc.method_handlers_generic_handler(service, {METHOD: handler}) for service in (V1, V1ALPHA)
-    ])
+    return {service: {METHOD: handler} for service in (V1, V1ALPHA)}

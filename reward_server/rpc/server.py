@@ -31,12 +31,12 @@ from grpc_health.v1._async import HealthServicer
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError
-from reward_server.rpc.auth import BearerTokenInterceptor
+from reward_server.rpc.auth import TokenCheck
 from reward_server.rpc.forwarding import Forward, ForwardingServicer
-from reward_server.rpc.grpc_metrics import GrpcMetricsInterceptor
+from reward_server.rpc.grpc_metrics import Registrar, register
 from reward_server.rpc.health import HealthMonitor, Probe
 from reward_server.rpc.memory import fix_mmap_threshold
-from reward_server.rpc.reflection import enable_reflection
+from reward_server.rpc.reflection import reflection_handlers
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings, host_port
 from reward_server.service import Admission, RewardService
@@ -253,15 +253,10 @@ def create_server(
     s = settings
     _fit_open_files(s.max_connections)
     fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
-    # first: the calls the token check refuses are counted too
-    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [GrpcMetricsInterceptor()]
-    if s.auth_token is not None:
-        interceptors.append(BearerTokenInterceptor(s.auth_token.get_secret_value()))
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=channel_options(s),
-        maximum_concurrent_rpcs=s.max_concurrent_rpcs,
-    )
+    # no interceptor: each handler is counted (gRFC A66) and checks the token itself, when it
+    # is registered (grpc_metrics.register), so that a refused call costs little
+    token = TokenCheck(s.auth_token.get_secret_value()) if s.auth_token is not None else None
+    server = grpc.aio.server(options=channel_options(s), maximum_concurrent_rpcs=s.max_concurrent_rpcs)
     health = HealthServicer()
     monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s)
     servicer: RewardServicer
@@ -271,12 +266,12 @@ def create_server(
         assert forward is not None
         servicer = ForwardingServicer(forward, s, admission=admission or Admission.off(),
                                       on_engine_failure=monitor.poke)
-    handlers = servicer.handlers()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    if s.reflection:
-        enable_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
+    register(server, SERVICE_NAME, servicer.handlers(), token=token)
+    health_pb2_grpc.add_HealthServicer_to_server(health, Registrar(server))  # open: no token
+    if s.reflection:  # open too (tooling)
+        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        for name, handlers in reflection_handlers(names).items():
+            register(server, name, handlers)
     address = host_port(s.host, s.port)
     creds = _credentials(s)
     try:

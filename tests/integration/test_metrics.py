@@ -303,6 +303,6 @@ async def test_concurrent_calls_count_their_own_bytes(server: Running) -> None:
     assert delta(f"{rcvd}_count", grpc_method=SCORE, grpc_status="OK") == small_ok + large_ok
     # each Score call's own size lands in its own bucket
     assert len(small) < 1024 < len(large)
-    assert delta(f"{rcvd}_bucket", grpc_method=SCORE, grpc_status="OK", le="1024") == small_ok
+    assert delta(f"{rcvd}_bucket", grpc_method=SCORE, grpc_status="OK", le="1024.0") == small_ok
     assert delta("grpc_server_call_duration_seconds_count", grpc_method="reward.v1.RewardService/Info",
                  grpc_status="UNAUTHENTICATED") == 20
