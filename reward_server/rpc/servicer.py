@@ -296,7 +296,27 @@ class RewardServicer:
                 metrics.observe_call(rpc, code_name, seconds, transport=transport)
                 logger.debug("%s took %.1f ms", rpc, seconds * 1000)
 
+    def _refusal(self, rpc: str, context: Context, attempts: int) -> Overloaded | None:
+        """Admission's refusal of a call arriving now, before anything else is done for it
+        (the cheapest path: a refusal comes when the server has no time to spare), counted
+        and logged as :meth:`call` would; None when the call goes on."""
+        if not self._accepting:
+            return None
+        remaining = context.time_remaining()
+        deadline = asyncio.get_running_loop().time() + (
+            self._settings.default_timeout_s if remaining is None else max(0.0, remaining))
+        refused = self._admission.refusal(judged=self._work[rpc][1], attempts=attempts,
+                                          deadline=deadline)
+        if refused is not None:
+            self._refusals.refused(rpc, message_for(refused))
+            metrics.observe_call(rpc, "RESOURCE_EXHAUSTED", 0.0, transport="grpc")
+        return refused
+
     async def _run(self, rpc: str, requests: Requests, context: Context) -> Any:
+        attempts = _previous_attempts(context)
+        if (refused := self._refusal(rpc, context, attempts)) is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message_for(refused),
+                                trailing_metadata=trailers_for(refused))
         peer = context.peer()
         try:
             self.unsent.enter(peer)  # refused while this connection does not read
@@ -304,7 +324,7 @@ class RewardServicer:
                 response = await self.call(
                     rpc, lambda: self._receive(requests), time_remaining=context.time_remaining,
                     transport="grpc", park=lambda: self._refuse_draining(context),
-                    attempts=_previous_attempts(context),
+                    attempts=attempts,
                 )
                 nbytes = response.ByteSize()
                 self.unsent.hold(peer, nbytes)  # until gRPC has written it (or the call ends)

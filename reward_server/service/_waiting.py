@@ -41,6 +41,11 @@ class WaitingRoom:
         """Whether calls may wait at all (``max_waiting`` and ``max_wait_s`` above 0)."""
         return self.max_waiting > 0 and (self.max_wait_s is None or self.max_wait_s > 0)
 
+    def turns_away(self, attempts: int) -> bool:
+        """Whether a call with ``attempts`` would find the line full of calls with at least
+        as many."""
+        return len(self._heap) >= self.max_waiting and max(self._heap)[0] <= -attempts
+
     def ahead(self, attempts: int) -> int:
         """How many waiting calls a call with ``attempts`` would wait behind."""
         return sum(1 for entry in self._heap if -entry[0] >= attempts)

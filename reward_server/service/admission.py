@@ -252,16 +252,29 @@ class Admission:
         one usual call's judgments (:func:`~reward_server.service._sizing.usual_size`) would not fit; Info is
         not ``judged`` (it holds a call, no judgments). It holds nothing yet, so a call whose
         request never arrives holds no capacity."""
-        refused = self._room_error(self._usual(), judged, "before_read")
+        refused = self._room_error(self._usual(), judged, "before_read") or self._bytes_full()
         if refused is not None:
             raise refused
-        if self.max_bytes is not None and self.bytes >= self.max_bytes:
-            raise self._refuse(
-                f"{self.bytes} request bytes in flight, limit "
-                f"service.admission.max_request_bytes_in_flight={self.max_bytes}", "bytes",
-                "before_read",
-            )
         return Ticket(self, judged=judged)
+
+    def _bytes_full(self) -> Overloaded | None:
+        if self.max_bytes is None or self.bytes < self.max_bytes:
+            return None
+        return self._refuse(f"{self.bytes} request bytes in flight, limit "
+                            f"service.admission.max_request_bytes_in_flight={self.max_bytes}",
+                            "bytes", "before_read")
+
+    def refusal(self, *, judged: bool = True, attempts: int = 0,
+                deadline: float | None = None) -> Overloaded | None:
+        """The refusal :meth:`arrive` would answer at once for a call arriving now (counted as
+        one), or None when that call would be admitted or wait in line. It holds nothing: a
+        transport asks it first, so that a refused call costs as little as can be."""
+        if not self._room and self._which_full(self._usual(), judged) is None and (
+                self.max_bytes is None or self.bytes < self.max_bytes):
+            return None
+        if not self._room.open:
+            return self._room_error(self._usual(), judged, "before_read") or self._bytes_full()
+        return self._line_check(judged, attempts, deadline)[0]
 
     async def arrive(self, *, judged: bool = True, attempts: int = 0,
                      deadline: float | None = None) -> Ticket:
@@ -272,19 +285,9 @@ class Admission:
             return self.enter(judged=judged)
         if not self._room.open:
             return self.enter(judged=judged)  # no line: refused at once (or room came free)
-        timeout = None
-        if deadline is not None:
-            left = deadline - asyncio.get_running_loop().time()
-            timeout = left - self._served_s  # it must still be served once let in
-            wait = self._predicted_wait(attempts, judged)
-            if timeout <= 0 or (wait is not None and wait > timeout):
-                raise self._refuse(
-                    f"{len(self._room)} calls wait for room already and the line's predicted "
-                    f"wait{'' if wait is None else f' of {wait:.1f} s'} plus a call's "
-                    f"{self._served_s:.1f} s once admitted would pass this call's deadline "
-                    f"({left:.1f} s left; limits: {self.calls} of {self.max_calls} calls, "
-                    f"{self.judgments} of {self.max_judgments} judgments in flight)",
-                    "deadline", "before_read")
+        refused, timeout = self._line_check(judged, attempts, deadline)
+        if refused is not None:
+            raise refused
         ticket = await self._room.wait(attempts, judged=judged, full=self._waiting_full,
                                        timeout_s=timeout)
         if ticket is not None:
@@ -293,6 +296,28 @@ class Admission:
         if refused is not None:
             raise refused
         return Ticket(self, judged=judged)
+
+    def _line_check(self, judged: bool, attempts: int,
+                    deadline: float | None) -> tuple[Overloaded | None, float | None]:
+        """For a call that would join the line now: (its refusal, None) when the line has no
+        place for it or cannot serve it within its deadline, else (None, how long it may wait,
+        None: as long as the line allows)."""
+        if self._room.turns_away(attempts):
+            return self._waiting_full(), None
+        if deadline is None:
+            return None, None
+        left = deadline - asyncio.get_running_loop().time()
+        timeout = left - self._served_s  # it must still be served once let in
+        wait = self._predicted_wait(attempts, judged)
+        if timeout > 0 and (wait is None or wait <= timeout):
+            return None, timeout
+        return self._refuse(
+            f"{len(self._room)} calls wait for room already and the line's predicted "
+            f"wait{'' if wait is None else f' of {wait:.1f} s'} plus a call's "
+            f"{self._served_s:.1f} s once admitted would pass this call's deadline "
+            f"({left:.1f} s left; limits: {self.calls} of {self.max_calls} calls, "
+            f"{self.judgments} of {self.max_judgments} judgments in flight)",
+            "deadline", "before_read"), None
 
     def _predicted_wait(self, attempts: int, judged: bool) -> float | None:
         """Seconds until a call that joins the line now would be let in: the work held and the
