@@ -40,6 +40,7 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from reward_server.rpc.auth import TokenCheck
+from reward_server.rpc.connections import Conn, ConnectionGuard, peer_of
 
 # gRFC A66's recommended boundaries
 LATENCY_BOUNDARIES = (
@@ -98,15 +99,31 @@ class _Method:
 class _Call:
     """One call's measurements; recorded when gRPC reports the call done."""
 
-    __slots__ = ("method", "rcvd", "sent", "start", "status")
+    __slots__ = ("conn", "guard", "method", "rcvd", "sent", "start", "status", "waiting")
 
-    def __init__(self, method: _Method) -> None:
+    def __init__(self, method: _Method, guard: ConnectionGuard | None) -> None:
         self.method = method
         self.start = time.perf_counter()
         self.rcvd = 0
         self.sent = 0
         self.status: str | None = None  # what the handler's own end says, when gRPC's code does not
+        self.guard = guard
+        self.conn: Conn | None = None  # with a guard: the connection
+        self.waiting = False  # counted by the guard as waiting for its request
         method.started.inc()
+
+    def message(self, nbytes: int) -> None:
+        self.rcvd += nbytes
+        if self.guard is not None:
+            self.guard.received(self.conn, nbytes, first=self.waiting)
+            self.waiting = False
+
+    def reading(self) -> None:
+        """The handler asks for a request message (the first time, with none in yet: the
+        guard counts the call as waiting for its request until one arrives)."""
+        if self.guard is not None and not self.waiting and not self.rcvd:
+            self.waiting = True
+            self.guard.reading(self.conn)
 
     def ended(self, exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """The handler ended with ``exc``: an abort sets its code on the context; a cancelled
@@ -128,6 +145,9 @@ class _Call:
         else:
             status = self.status or "OK"
         self.method.ended(status, time.perf_counter() - self.start, self.rcvd, self.sent)
+        if self.guard is not None:  # cancelled with no request: reset by its client (or gone)
+            self.guard.ended(self.conn, waiting=self.waiting,
+                             reset_early=status == "CANCELLED" and not self.rcvd)
 
 
 def _size(message: Any) -> int:
@@ -140,7 +160,7 @@ def _deserializer(inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any
     def deserialize(raw: bytes) -> Any:
         call = _CALL.get()
         if call is not None:
-            call.rcvd += len(raw)
+            call.message(len(raw))
         return raw if inner is None else inner(raw)
 
     return deserialize
@@ -193,20 +213,27 @@ def _authorized(context: grpc.aio.ServicerContext[Any, Any], check: TokenCheck) 
     return check.problem(presented)
 
 
-def _wrap(behavior: Callable[..., Any], method: _Method, kind: str,
-          check: TokenCheck | None) -> Callable[..., Any]:
+def _wrap(behavior: Callable[..., Any], method: _Method, kind: str, check: TokenCheck | None,
+          guard: ConnectionGuard | None) -> Callable[..., Any]:
     """``behavior`` (of gRPC handler ``kind``) that counts its call and, with ``check``, first
-    refuses one without the token (UNAUTHENTICATED, before its request is read)."""
+    refuses one without the token (UNAUTHENTICATED, before its request is read); with
+    ``guard`` (streamed requests only), tells it of the call and its request."""
+    if kind.startswith("unary_"):
+        guard = None  # the request is in before the handler starts
 
     def start(context: grpc.aio.ServicerContext[Any, Any]) -> _Call:
-        call = _Call(method)
+        call = _Call(method, guard)
+        if guard is not None:
+            call.conn = peer_of(context.peer())
         _CALL.set(call)
         when_done(context, lambda: call.done(context))
         return call
 
-    async def deny(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def deny(context: grpc.aio.ServicerContext[Any, Any], call: _Call) -> None:
         if check is not None and (reason := _authorized(context, check)) is not None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+        if guard is not None and (refused := guard.started(call.conn)) is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
 
     unary_request = kind.startswith("unary_")
     if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
@@ -228,7 +255,7 @@ def _wrap(behavior: Callable[..., Any], method: _Method, kind: str,
         async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             call = start(context)
             try:
-                await deny(context)
+                await deny(context, call)
                 if unary_request:
                     call.rcvd += _size(request)
                 async for response in behavior(request, context):
@@ -242,9 +269,13 @@ def _wrap(behavior: Callable[..., Any], method: _Method, kind: str,
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         call = start(context)
         try:
-            await deny(context)
+            if guard is not None and context.cancelled():  # reset before it was taken: no
+                raise asyncio.CancelledError  # work for it (a rapid reset brings thousands)
+            await deny(context, call)
             if unary_request:
                 call.rcvd += _size(request)
+            elif guard is not None:
+                request = _Reading(request, call)
             return await behavior(request, context)
         except BaseException as exc:
             call.ended(exc, context)
@@ -258,16 +289,34 @@ def _wrap(behavior: Callable[..., Any], method: _Method, kind: str,
     return unary
 
 
+class _Reading:
+    """A call's request iterator that tells its call when the handler asks for a message
+    (a class, not an async generator: that would add a reference cycle per call)."""
+
+    __slots__ = ("_call", "_requests")
+
+    def __init__(self, requests: AsyncIterator[Any], call: _Call) -> None:
+        self._requests, self._call = requests, call
+
+    def __aiter__(self) -> _Reading:
+        return self
+
+    async def __anext__(self) -> Any:
+        self._call.reading()
+        return await self._requests.__anext__()
+
+
 def register(server: grpc.aio.Server, service: str,
              handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]], *,
-             token: TokenCheck | None = None) -> None:
-    """Serve ``service``'s ``handlers`` on ``server``, each counted (see the module doc) and,
-    with ``token``, refusing calls that do not carry it."""
+             token: TokenCheck | None = None, guard: ConnectionGuard | None = None) -> None:
+    """Serve ``service``'s ``handlers`` on ``server``, each counted (see the module doc),
+    with ``token`` refusing calls that do not carry it, with ``guard`` telling it of each call
+    (:mod:`reward_server.rpc.connections`)."""
     wrapped = {}
     for name, handler in handlers.items():
         method = _Method(f"{service}/{name}")
         kind = next(k for k in _BEHAVIORS if getattr(handler, k) is not None)
-        changes = {kind: _wrap(getattr(handler, kind), method, kind, token),
+        changes = {kind: _wrap(getattr(handler, kind), method, kind, token, guard),
                    "response_serializer": _serializer(handler.response_serializer)}
         if not kind.startswith("unary_"):
             changes["request_deserializer"] = _deserializer(handler.request_deserializer)

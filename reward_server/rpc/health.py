@@ -5,8 +5,10 @@ every ``server.health_poll_s`` and at once after an engine failure (:meth:`Healt
 and sets every name it serves (the whole server ``""`` and ``reward.v1.RewardService``) to
 NOT_SERVING while any required engine is down (no live replica, or its last check failed) and
 back to SERVING when all are up again, as TEI and vLLM do. A probe that raises or takes longer
-than its timeout counts as down. Once the server drains, :meth:`HealthMonitor.stop` pins
-NOT_SERVING.
+than its timeout counts as down. ``conditions`` adds what else makes the server unable to take
+calls (the main port's connections at their cap, :mod:`reward_server.rpc.connections`), so that
+health tells the truth when new connections are refused. Once the server drains,
+:meth:`HealthMonitor.stop` pins NOT_SERVING.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ class HealthMonitor:
         *,
         interval_s: float,
         timeout_s: float = 5.0,
+        conditions: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.servicer = servicer
         self._names = tuple(names)
         self._probe = probe
+        self._conditions = conditions  # name -> why the server cannot take calls now
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._wake = asyncio.Event()
@@ -55,7 +59,7 @@ class HealthMonitor:
     async def start(self) -> None:
         """Check once (the status is right from the first request), then keep watching."""
         await self.check()
-        if self._probe is not None:
+        if self._probe is not None or self._conditions is not None:
             self._task = asyncio.get_running_loop().create_task(self._watch(), name="health")
 
     def poke(self) -> None:
@@ -71,6 +75,8 @@ class HealthMonitor:
             except Exception as e:  # a probe that cannot answer counts as down
                 states = {"engines": Health(False, f"health probe failed: {type(e).__name__}: {e}")}
             down = {name: h.detail or "down" for name, h in states.items() if not h.ok}
+        if self._conditions is not None:
+            down.update(self._conditions())
         await self._publish(not down, down)
         return not down
 

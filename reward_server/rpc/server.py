@@ -32,6 +32,7 @@ from grpc_health.v1._async import HealthServicer
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import TokenCheck
+from reward_server.rpc.connections import ConnectionGuard
 from reward_server.rpc.forwarding import Forward, ForwardingServicer
 from reward_server.rpc.grpc_metrics import Registrar, register
 from reward_server.rpc.health import HealthMonitor, Probe
@@ -78,8 +79,10 @@ class RewardGrpcServer:
         *,
         health_server: grpc.aio.Server | None = None,
         health_port: int | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self.server = server
+        self.guard = guard  # per-connection limits (rpc/connections.py)
         self.health_server = health_server  # health alone, its own connection slots
         self.health_port = health_port
         self.monitor = monitor
@@ -90,6 +93,7 @@ class RewardGrpcServer:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._watch: asyncio.Future[None] | None = None  # the idle memory watch
+        self._guard_watch: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         await self.server.start()
@@ -98,6 +102,8 @@ class RewardGrpcServer:
         await self.monitor.start()
         self._watch = asyncio.ensure_future(
             self.servicer.trimmer.watch(lambda: self.servicer.active > 0))
+        if self.guard is not None:
+            self._guard_watch = asyncio.ensure_future(self.guard.watch())
 
     async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
         """Drain (see the module doc) and stop."""
@@ -110,8 +116,9 @@ class RewardGrpcServer:
         drain_delay = s.drain_delay_s if drain_delay is None else drain_delay
         logger.info("draining: NOT_SERVING, serving for %.1fs, grace %.1fs", drain_delay, grace)
         await _bounded(self.monitor.stop(), STEP_BOUND_S, "stopping the health watcher")
-        if self._watch is not None:
-            self._watch.cancel()
+        for watch in (self._watch, self._guard_watch):
+            if watch is not None:
+                watch.cancel()
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
         deadline = time.monotonic() + grace
@@ -203,7 +210,10 @@ def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", _ms(s.min_client_ping_interval_s)),
     ]
     if s.max_connections is not None:
-        options.append(("grpc.max_allowed_incoming_connections", s.max_connections))
+        # past max_connections + one peer's share: a peer that opens connections faster than
+        # the guard looks (rpc/connections.py) does not lock the others out meanwhile
+        options.append(("grpc.max_allowed_incoming_connections",
+                        s.max_connections + (s.max_connections_per_peer or 0)))
     if s.max_connection_idle_s is not None:
         options.append(("grpc.max_connection_idle_ms", _ms(s.max_connection_idle_s)))
     if s.max_connection_age_s is not None:
@@ -258,7 +268,12 @@ def create_server(
     token = TokenCheck(s.auth_token.get_secret_value()) if s.auth_token is not None else None
     server = grpc.aio.server(options=channel_options(s), maximum_concurrent_rpcs=s.max_concurrent_rpcs)
     health = HealthServicer()
-    monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s)
+    guard = ConnectionGuard(0, max_connections=s.max_connections, per_peer=s.max_connections_per_peer,
+                            max_streams=s.max_concurrent_streams, max_message=s.max_message_bytes,
+                            every_s=s.connection_check_s)
+    monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s,
+                            conditions=lambda: {"connections": guard.full} if guard.full else {})
+    guard.on_full_change = monitor.poke
     servicer: RewardServicer
     if service is not None:
         servicer = RewardServicer(service, s, on_engine_failure=monitor.poke)
@@ -266,7 +281,7 @@ def create_server(
         assert forward is not None
         servicer = ForwardingServicer(forward, s, admission=admission or Admission.off(),
                                       on_engine_failure=monitor.poke)
-    register(server, SERVICE_NAME, servicer.handlers(), token=token)
+    register(server, SERVICE_NAME, servicer.handlers(), token=token, guard=guard)
     health_pb2_grpc.add_HealthServicer_to_server(health, Registrar(server))  # open: no token
     if s.reflection:  # open too (tooling)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
@@ -286,6 +301,7 @@ def create_server(
         )
     logger.info("gRPC server bound to %s:%d (tls=%s, auth=%s)", s.host, port, creds is not None,
                 s.auth_token is not None)
+    guard.port = port
     health_server, health_port = None, None
     if s.health_port is not None:
         auto = s.health_port == "auto"
@@ -297,7 +313,7 @@ def create_server(
                 raise
             logger.warning("%s; grpc.health.v1 is served on the main port only", e)
     return RewardGrpcServer(server, monitor, servicer, service, s, health_server=health_server,
-                            health_port=health_port), port
+                            health_port=health_port, guard=guard), port
 
 
 HEALTH_MAX_CONNECTIONS = 64

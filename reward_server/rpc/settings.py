@@ -136,6 +136,21 @@ class ServerSettings(_Frozen):
         "time to lock anyone out; the process's open-file limit is raised to fit. None: "
         "unlimited."
     )
+    max_connections_per_peer: int | None = Field(
+        2048, ge=1, description="Connections one address may hold open on the gRPC port; past "
+        "it its most idle ones are closed (looked at every connection_check_s), so that one "
+        "peer cannot take max_connections and lock the others out. gRPC's own cap is "
+        "max_connections plus this, so that a peer opening connections faster than they are "
+        "looked at does not lock the others out meanwhile. Clients behind one address (a NAT, "
+        "a proxy) share it. None: no share. Linux only (reward_server/rpc/connections.py)."
+    )
+    connection_check_s: float = Field(
+        0.5, gt=0.0, le=60.0, description="How often the gRPC port's connections are looked at "
+        "(in a worker thread): shares per peer, connections that reset calls before sending "
+        "them (rapid reset), keep many calls waiting for their request, or send bytes that "
+        "never become requests (a CONTINUATION flood) are closed; health is NOT_SERVING while "
+        "max_connections are open."
+    )
     max_unsent_response_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="Response bytes held for peers that have not "
         "read them yet, all connections together; a response past it is dropped and its call "

@@ -152,24 +152,37 @@ async def _health(port: int) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
-async def test_the_health_port_keeps_its_slots_when_the_main_port_is_full() -> None:
+async def test_the_health_port_answers_and_tells_the_truth_when_the_main_port_is_full() -> None:
     """Connections that only send the HTTP/2 preface take every slot of the main port
-    (server.max_connections=4); health on server.health_port (on by default: auto, a free
-    port beside port 0) still answers."""
+    (server.max_connections=4, no per-peer share): health on server.health_port (on by
+    default) still answers, NOT_SERVING while new connections are refused, and SERVING again
+    once they are gone."""
     from bench._h2 import RawH2
 
-    async with running_server(["server.max_connections=4"]) as r:  # health_port: auto
+    overrides = ["server.max_connections=4", "server.max_connections_per_peer=null",
+                 "server.connection_check_s=0.1"]
+    async with running_server(overrides) as r:  # health_port: auto
         grpc_server = r.app.server
         assert grpc_server.health_port
         idle = [await RawH2.open(r.port) for _ in range(8)]
         try:
-            await asyncio.sleep(0.2)
-            main, own = await _health(r.port), await _health(grpc_server.health_port)
+            for _ in range(50):  # the guard looks every 0.1 s
+                own = await _health(grpc_server.health_port)
+                if own == "NOT_SERVING":
+                    break
+                await asyncio.sleep(0.1)
+            main = await _health(r.port)
         finally:
             for c in idle:
                 await c.close()
-    assert own == "SERVING"
+        for _ in range(50):
+            back = await _health(grpc_server.health_port)
+            if back == "SERVING":
+                break
+            await asyncio.sleep(0.1)
+    assert own == "NOT_SERVING"
     assert main != "SERVING", "the main port was expected to be full (else this test shows nothing)"
+    assert back == "SERVING"
 
 
 async def test_an_explicit_health_port_that_is_taken_fails_the_start_and_auto_does_not() -> None:

@@ -1,0 +1,310 @@
+"""Per-connection limits of the gRPC port that gRPC core has no setting for (Linux).
+
+gRPC core bounds connections as a whole (``grpc.max_allowed_incoming_connections``), streams
+per connection and calls waiting to be taken, but nothing per peer, and a grpc.aio application
+cannot close one connection. :class:`ConnectionGuard` can: it finds the connection's socket
+among the process's descriptors (``/proc/self/fd``) and shuts it down (``shutdown(2)`` on a
+duplicate, after checking the duplicate's addresses), so gRPC core sees the connection end,
+cancels its calls and frees it, as if the peer had gone. It closes:
+
+* a peer's connections past its share (``server.max_connections_per_peer``), the most idle
+  first: one address cannot take the whole connection cap and lock everyone else out;
+* a connection whose client resets calls before their request arrives (rapid reset,
+  CVE-2023-44487): gRPC core hands each such call to the server, which takes them one at a time,
+  so past :data:`MAX_EARLY_RESETS` of them the connection is closed;
+* a connection that keeps more than half of ``server.max_concurrent_streams`` calls waiting for
+  their request for two looks in a row (parked half-open calls); and calls of a peer that has
+  :data:`MAX_WAITING_PER_PEER` calls waiting already are refused at once, so that memory stays
+  bounded;
+* a connection that sent more bytes that did not become request messages than one request may
+  have (``server.max_message_bytes``) plus :data:`UNREAD_SLACK_BYTES` (a CONTINUATION flood: a
+  header block that never ends, which gRPC core reads and drops without end), from the kernel's
+  count of the bytes it received (``TCP_INFO``) against the requests' bytes, counted from when
+  the connection was first seen (never below zero: a request's message counts when it is
+  complete, its bytes before).
+
+It looks every ``server.connection_check_s`` (in a worker thread; a process with 8,000
+connections takes tens of milliseconds, reading descriptors, not the event loop), and reports
+the main port full while its connections reach ``server.max_connections``, for health.
+Elsewhere than on Linux it does nothing (logged once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+MAX_EARLY_RESETS = 256  # calls reset before their request, per connection and RESET_WINDOW_S
+RESET_WINDOW_S = 10.0
+MAX_WAITING_PER_PEER = 1024  # calls of one address waiting for their request at once
+UNREAD_SLACK_BYTES = 16 * 1024 * 1024  # past one request, before a connection counts as flooding
+CALL_OVERHEAD_BYTES = 16 * 1024  # a call's headers, framing and window updates, generously
+_TCP_INFO_BYTES = 232
+_BYTES_RECEIVED = 128  # offsets in struct tcp_info (linux/tcp.h, Linux >= 4.1)
+_LAST_DATA_RECV = 52  # ms since the last data received (u32)
+
+Conn = tuple[str, int]  # the peer's address and port: one connection
+
+
+def peer_of(peer: str) -> Conn | None:
+    """``("127.0.0.1", 54321)`` from gRPC's peer string (``ipv4:127.0.0.1:54321``,
+    ``ipv6:[::1]:54321``); None for other transports."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    host, _, port = rest.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Socket:
+    fd: int
+    conn: Conn
+    received: int  # bytes, as the kernel counts them
+    idle_ms: int  # since data last arrived
+
+
+def _normal(address: str) -> str:
+    """An IPv4 address seen on an IPv6 socket (``::ffff:1.2.3.4``) as gRPC names it."""
+    return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
+def _tcp_socket(fd: int, port: int) -> socket.socket | None:
+    """A duplicate of ``fd`` when it is a connected TCP socket on local ``port`` (close it)."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
+                and s.getsockname()[1] == port:
+            s.getpeername()  # raises for the listening socket
+            return s
+    except OSError:
+        pass
+    s.close()
+    return None
+
+
+def scan(port: int) -> list[_Socket]:
+    """This process's connected TCP sockets on local ``port``."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+        except OSError:
+            continue
+        s = _tcp_socket(fd, port)
+        if s is None:
+            continue
+        with s:
+            try:
+                host, peer_port = s.getpeername()[:2]
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+            except OSError:
+                continue
+        received = struct.unpack_from("Q", info, _BYTES_RECEIVED)[0] if len(info) >= 136 else 0
+        idle = struct.unpack_from("I", info, _LAST_DATA_RECV)[0]
+        out.append(_Socket(fd, (_normal(host), peer_port), received, idle))
+    return out
+
+
+def shut(fd: int, port: int, conn: Conn) -> bool:
+    """Shut down the connection ``conn`` on local ``port`` whose descriptor is ``fd`` (checked
+    first: the descriptor may have been reused since); whether it was."""
+    s = _tcp_socket(fd, port)
+    if s is None:
+        return False
+    with s:
+        try:
+            host, peer_port = s.getpeername()[:2]
+            if (_normal(host), peer_port) != conn:
+                return False
+            s.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+
+
+class ConnectionGuard:
+    """The limits above for the connections of one gRPC port (call its methods from the
+    event loop; :meth:`watch` runs as a task)."""
+
+    def __init__(self, port: int, *, max_connections: int | None, per_peer: int | None,
+                 max_streams: int, max_message: int, every_s: float) -> None:
+        self.port = port
+        self.max_connections, self.per_peer = max_connections, per_peer
+        self.every_s = every_s
+        self.enabled = sys.platform.startswith("linux") and os.path.isdir("/proc/self/fd")
+        self.max_parked = max(1, max_streams // 2)
+        self.max_unread = max_message + UNREAD_SLACK_BYTES
+        self.full: str | None = None  # why new connections may be refused now (health)
+        self.closed: collections.Counter[str] = collections.Counter()  # by reason
+        self._waiting: collections.Counter[Conn] = collections.Counter()  # calls, per connection
+        self._waiting_by_host: collections.Counter[str] = collections.Counter()
+        self._resets: dict[Conn, collections.deque[float]] = {}
+        self._seen: collections.Counter[Conn] = collections.Counter()  # request bytes, calls
+        self._received: dict[Conn, int] = {}  # the kernel's count at the last look
+        self._unread: dict[Conn, int] = {}  # received but no request, since first seen
+        self._parked_before: set[Conn] = set()
+        self._closing: set[Conn] = set()
+        self.on_full_change: Callable[[], None] | None = None  # health looks again
+        if not self.enabled:
+            logger.info("connection limits per peer are not enforced here (no /proc/self/fd)")
+
+    # ------------------------------------------------------------ from calls
+    def started(self, conn: Conn | None) -> str | None:
+        """A call arrives on ``conn``: None, or why it is refused (its peer has
+        :data:`MAX_WAITING_PER_PEER` calls waiting for their request already)."""
+        if conn is None:
+            return None
+        self._seen[conn] += CALL_OVERHEAD_BYTES
+        if self._waiting_by_host[conn[0]] >= MAX_WAITING_PER_PEER:
+            return (f"{MAX_WAITING_PER_PEER} calls from {conn[0]} wait for their request "
+                    "message already; send each call's request with its headers")
+        return None
+
+    def reading(self, conn: Conn | None) -> None:
+        """A call on ``conn`` reads its request, which has not arrived (admitted calls only:
+        one waiting in admission's line has not asked for it yet)."""
+        if conn is not None:
+            self._waiting[conn] += 1
+            self._waiting_by_host[conn[0]] += 1
+
+    def received(self, conn: Conn | None, nbytes: int, *, first: bool) -> None:
+        """A request message of ``nbytes`` arrived on ``conn`` (``first``: the call's first)."""
+        if conn is None:
+            return
+        self._seen[conn] += nbytes
+        if first:
+            self._unwait(conn)
+
+    def ended(self, conn: Conn | None, *, waiting: bool, reset_early: bool) -> None:
+        """A call on ``conn`` ended (``waiting``: with no request yet; ``reset_early``: the
+        client cancelled it before sending its request)."""
+        if conn is None:
+            return
+        if waiting:
+            self._unwait(conn)
+        if reset_early:
+            now = time.monotonic()
+            times = self._resets.setdefault(conn, collections.deque())
+            times.append(now)
+            while times and times[0] < now - RESET_WINDOW_S:
+                times.popleft()
+            if len(times) >= MAX_EARLY_RESETS:
+                self._resets.pop(conn, None)
+                self._close_now(conn, f"{MAX_EARLY_RESETS} calls reset before their request "
+                                      f"within {RESET_WINDOW_S:.0f} s (rapid reset)", "rapid_reset")
+
+    def _unwait(self, conn: Conn) -> None:
+        self._waiting[conn] -= 1
+        if self._waiting[conn] <= 0:
+            del self._waiting[conn]
+        self._waiting_by_host[conn[0]] -= 1
+        if self._waiting_by_host[conn[0]] <= 0:
+            del self._waiting_by_host[conn[0]]
+
+    # ------------------------------------------------------------ closing
+    def _close_now(self, conn: Conn, why: str, reason: str) -> None:
+        """Close ``conn`` (in a worker thread: it looks through the descriptors)."""
+        if not self.enabled or conn in self._closing:
+            return
+        self._closing.add(conn)
+
+        def close() -> bool:
+            for s in scan(self.port):
+                if s.conn == conn:
+                    return shut(s.fd, self.port, conn)
+            return False
+
+        def done(fut: asyncio.Future[bool]) -> None:
+            self._closing.discard(conn)
+            if not fut.cancelled() and fut.exception() is None and fut.result():
+                self._log_close(conn, why, reason)
+
+        asyncio.get_running_loop().run_in_executor(None, close).add_done_callback(done)
+
+    def _log_close(self, conn: Conn, why: str, reason: str) -> None:
+        self.closed[reason] += 1
+        logger.warning("closed the connection from %s:%d: %s", conn[0], conn[1], why)
+
+    # ------------------------------------------------------------ looking
+    async def watch(self) -> None:
+        """Look at the connections every ``every_s`` (until cancelled)."""
+        if not self.enabled:
+            return
+        while True:
+            await asyncio.sleep(self.every_s)
+            try:
+                sockets = await asyncio.to_thread(scan, self.port)
+                closing = self._judge(sockets)
+                if closing:
+                    done = await asyncio.to_thread(self._shut_all, closing)
+                    for (s, why, reason), ok in zip(closing, done, strict=True):
+                        if ok:
+                            self._log_close(s.conn, why, reason)
+            except Exception:  # never let the watch die; the next look tries again
+                logger.exception("looking at the connections failed")
+
+    def _shut_all(self, closing: list[tuple[_Socket, str, str]]) -> list[bool]:
+        return [shut(s.fd, self.port, s.conn) for s, _, _ in closing]
+
+    def _judge(self, sockets: list[_Socket]) -> list[tuple[_Socket, str, str]]:
+        """The connections to close now, and the port's state for health."""
+        closing: dict[Conn, tuple[_Socket, str, str]] = {}
+        by_host: dict[str, list[_Socket]] = collections.defaultdict(list)
+        for s in sockets:
+            by_host[s.conn[0]].append(s)
+        if self.per_peer is not None:
+            for host, mine in by_host.items():
+                if len(mine) > self.per_peer:
+                    mine.sort(key=lambda s: s.idle_ms, reverse=True)  # the most idle first
+                    for s in mine[:len(mine) - self.per_peer]:
+                        closing[s.conn] = (s, f"{host} has {len(mine)} connections open, more "
+                                              f"than its share (server.max_connections_per_peer="
+                                              f"{self.per_peer})", "per_peer")
+        parked = {c for c, n in self._waiting.items() if n > self.max_parked}
+        received: dict[Conn, int] = {}
+        unread_now: dict[Conn, int] = {}
+        for s in sockets:
+            received[s.conn] = s.received
+            new = s.received - self._received.get(s.conn, s.received) - self._seen[s.conn]
+            unread = unread_now[s.conn] = max(0, self._unread.get(s.conn, 0) + new)
+            if unread > self.max_unread:
+                closing.setdefault(s.conn, (s, f"{unread / 2**20:.0f} MiB received that were "
+                                               "no request (a header block that never ends?)",
+                                               "unread"))
+            elif s.conn in parked and s.conn in self._parked_before:
+                closing.setdefault(s.conn, (s, f"{self._waiting[s.conn]} calls wait for their "
+                                               "request message, for two looks in a row",
+                                               "waiting"))
+        self._received, self._unread, self._parked_before = received, unread_now, parked
+        self._seen.clear()
+        for conn in [c for c in self._resets if c not in received]:
+            del self._resets[conn]
+        open_now = len(sockets) - len(closing)
+        cap = self.max_connections
+        full = (f"{open_now} connections open on port {self.port}, server.max_connections="
+                f"{cap}: new connections may be refused" if cap is not None and open_now >= cap
+                else None)
+        if (full is None) != (self.full is None) and self.on_full_change is not None:
+            self.full = full
+            self.on_full_change()
+        self.full = full
+        return list(closing.values())
