@@ -27,13 +27,14 @@ uvicorn's signal handling off (the CLI's SIGTERM/SIGINT drain stops both doors).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import uvicorn
 from google.protobuf.message import Message
@@ -84,10 +85,18 @@ def not_json(request: Request) -> Response | None:
                                     "message": message}}, 415)
 
 
+class BodyTimeout(DeadlineExceeded):
+    """The request's body did not arrive in time: its connection is closed with the answer (the
+    rest of the body is not waited for)."""
+
+
 def error_response(exc: BaseException) -> Response:
     status = http_status_for(exc)
     body = {"error": {"code": status, "status": status_for(exc).name, "message": message_for(exc)}}
-    return json_response(body, status, http_headers_for(exc))
+    headers = http_headers_for(exc)
+    if isinstance(exc, BodyTimeout):
+        headers["Connection"] = "close"
+    return json_response(body, status, headers)
 
 
 async def no_route(request: Request, exc: Exception) -> Response:
@@ -117,17 +126,28 @@ class _Protocol(H11Protocol):
     ``header_timeout_s`` of opening or of its last answer (uvicorn's keep-alive timer starts
     only after a first answer, so connections that never send anything stayed open and, past
     its concurrency limit, made every request 503); past ``max_connections`` +
-    ``HEALTH_RESERVE`` a new connection is closed at once."""
+    ``HEALTH_RESERVE``, or past its address's share (``per_peer`` open connections already,
+    counted in ``peers``), a new connection is closed at once (1,100 connections from one
+    address sending a body byte every 5 s took every slot, the health reserve included, for
+    as long as they went on)."""
 
     header_timeout_s = 10.0
     max_connections = 1024
+    per_peer: int | None = None
+    peers: ClassVar[collections.Counter[str]] = collections.Counter()  # each door: its own
     _header_timer: asyncio.TimerHandle | None = None
+    _host: str | None = None  # counted in peers
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections + HEALTH_RESERVE:
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if len(self.connections) > self.max_connections + HEALTH_RESERVE or (
+                self.per_peer is not None and self.peers[host] >= self.per_peer):
             transport.close()
             return
+        self._host = host
+        self.peers[host] += 1
         self._arm()
 
     def _arm(self) -> None:
@@ -151,6 +171,11 @@ class _Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._host is not None:
+            self.peers[self._host] -= 1
+            if self.peers[self._host] <= 0:
+                del self.peers[self._host]
+            self._host = None
         super().connection_lost(exc)
 
     def _header_timeout(self) -> None:
@@ -230,8 +255,9 @@ class HttpDoor:
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         http = self._settings.http
-        protocol = type("Protocol", (_Protocol,), {"header_timeout_s": http.header_timeout_s,
-                                                   "max_connections": http.max_connections})
+        protocol = type("Protocol", (_Protocol,), {
+            "header_timeout_s": http.header_timeout_s, "max_connections": http.max_connections,
+            "per_peer": http.max_connections_per_peer, "peers": collections.Counter()})
         config = uvicorn.Config(
             self.app, log_config=None, access_log=False, lifespan="off",
             timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)),
@@ -293,8 +319,8 @@ class HttpDoor:
         try:
             return await asyncio.wait_for(read(), timeout)
         except TimeoutError:
-            raise DeadlineExceeded(f"the request body did not arrive within "
-                                   f"server.receive_timeout_s={timeout}s") from None
+            raise BodyTimeout(f"the request body did not arrive within "
+                              f"server.receive_timeout_s={timeout}s") from None
 
     async def _call(self, request: Request, rpc: str,
                     receive: Callable[[], Awaitable[bytes]]) -> Message:
@@ -338,8 +364,13 @@ class HttpDoor:
             return error_response(exc)
 
     async def _health(self, request: Request) -> Response:
-        serving = bool(self._monitor.serving)
-        body = {"status": "SERVING" if serving else "NOT_SERVING", "down": dict(self._monitor.down)}
+        down = dict(self._monitor.down)
+        limit = self._settings.http.max_connections
+        if self._server is not None and len(self._server.server_state.connections) > limit:
+            down["http"] = (f"more than server.http.max_connections={limit} connections are "
+                            "open: new ones are refused (but for health)")
+        serving = bool(self._monitor.serving) and not down
+        body = {"status": "SERVING" if serving else "NOT_SERVING", "down": down}
         return json_response(body, 200 if serving else 503)
 
     async def _metrics(self, request: Request) -> Response:

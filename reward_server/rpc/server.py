@@ -261,7 +261,8 @@ def create_server(
     if (service is None) == (forward is None):
         raise TypeError("create_server takes a service or a forward, one of them")
     s = settings
-    _fit_open_files(s.max_connections)
+    _fit_open_files(None if s.max_connections is None else  # both doors' connections
+                    s.max_connections + (s.max_connections_per_peer or 0) + s.http.max_connections)
     fix_mmap_threshold(s.malloc_mmap_threshold_bytes)
     # no interceptor: each handler is counted (gRFC A66) and checks the token itself, when it
     # is registered (grpc_metrics.register), so that a refused call costs little

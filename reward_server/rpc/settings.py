@@ -61,8 +61,14 @@ class HttpSettings(_Frozen):
         "it opened or its last answer; otherwise it is closed (idle connections hold no slot)."
     )
     max_connections: int = Field(
-        1024, ge=1, description="Open HTTP connections; past it a request gets 503, except "
-        "GET /v1/health, which has HEALTH_RESERVE more connections of its own."
+        4096, ge=1, description="Open HTTP connections; past it a request gets 503, except "
+        "GET /v1/health, which has HEALTH_RESERVE more connections of its own (and answers "
+        "NOT_SERVING meanwhile)."
+    )
+    max_connections_per_peer: int | None = Field(
+        1024, ge=1, description="Open HTTP connections of one address; past it a new one is "
+        "closed at once, so that one peer cannot take every slot (a client with more requests "
+        "at once should reuse its connections). None: no share."
     )
     _host = field_validator("host")(unbracket)
     openrlhf_end_markers: tuple[str, ...] = Field(

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from .conftest import Running, running_server
@@ -74,19 +75,24 @@ async def test_only_json_bodies_are_read(server: Running) -> None:
 
 async def test_idle_connections_are_closed_and_health_keeps_a_path(server: Running) -> None:
     """More connections than server.http.max_connections that send nothing: health still
-    answers meanwhile (its reserve), and they are closed after header_timeout_s."""
+    answers meanwhile (its reserve), NOT_SERVING naming the full door, and they are closed
+    after header_timeout_s, after which health is SERVING and calls are served again."""
     port = server.app.http_port
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(f"http://127.0.0.1:{port}/v1/health") as resp:
-                assert resp.status == 200, await resp.text()
+                body = await resp.json()
+                assert resp.status == 503 and "http" in body["down"], body
         closed = await asyncio.gather(*(asyncio.wait_for(reader.read(), 5.0)
                                         for reader, _ in conns))
         assert closed == [b""] * 6  # the server closed them
         status, _ = await _post(server, "/v1/score",
                                 json.dumps({"items": [{"id": "a", "nli_constraints": NLI}]}))
         assert status == 200
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/v1/health") as resp:
+                assert resp.status == 200, await resp.text()
     finally:
         for _, writer in conns:
             writer.close()
@@ -121,3 +127,49 @@ async def test_huge_or_out_of_range_json_numbers_are_400_never_500(server: Runni
         status, reply = await _post(server, "/v1/score",
                                     '{"items": [' + with_number(item, number) + "]}")
         assert status == 200, reply
+
+
+async def test_one_address_gets_its_share_of_connections_and_others_still_get_in() -> None:
+    """server.http.max_connections_per_peer=3: the 4th connection from 127.0.0.2 is closed at
+    once (it sends nothing), 127.0.0.1 is served and /v1/health says SERVING."""
+    async with running_server(["server.http.port=0", "server.http.max_connections_per_peer=3",
+                               "server.http.header_timeout_s=30"]) as r:
+        port = r.app.http_port
+        conns = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+                 for _ in range(5)]
+        try:
+            got = await asyncio.gather(*(asyncio.wait_for(reader.read(), 2.0)
+                                         for reader, _ in conns[3:]))
+            assert got == [b"", b""]  # closed by the server at once
+            for reader, _ in conns[:3]:  # within the share: left open
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(reader.read(), 0.2)
+            status, reply = await _post(r, "/v1/score", json.dumps(
+                {"items": [{"id": "a", "nli_constraints": NLI}]}))
+            assert status == 200, reply
+            async with aiohttp.ClientSession() as s, s.get(
+                    f"http://127.0.0.1:{port}/v1/health") as resp:
+                assert resp.status == 200 and (await resp.json())["status"] == "SERVING"
+        finally:
+            for _, writer in conns:
+                writer.close()
+
+
+async def test_a_body_that_stalls_is_answered_and_its_connection_closed() -> None:
+    """A slow body (a byte, then nothing, of a declared 1,000): answered 504 after
+    server.receive_timeout_s, with its connection closed (the rest is not waited for)."""
+    async with running_server(["server.http.port=0", "server.receive_timeout_s=0.5"]) as r:
+        reader, writer = await asyncio.open_connection("127.0.0.1", r.app.http_port)
+        try:
+            writer.write(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{")
+            await writer.drain()
+            t0 = asyncio.get_running_loop().time()
+            answer = await asyncio.wait_for(reader.read(), 5.0)  # to EOF: the server closes
+            took = asyncio.get_running_loop().time() - t0
+        finally:
+            writer.close()
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 504") and b"connection: close" in head, answer[:300]
+    assert b"server.receive_timeout_s=0.5" in answer
+    assert 0.4 < took < 3.0
