@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import select
 import socket
 import struct
@@ -27,6 +28,16 @@ _HEADERS, _CONTINUATION, _GOAWAY = 0x1, 0x9, 0x7
 def grpc_frame(message: bytes) -> bytes:
     """A gRPC length-prefixed message (uncompressed)."""
     return struct.pack(">BI", 0, len(message)) + message
+
+
+def gzip_bomb(nbytes: int) -> bytes:
+    """A gRPC message frame, gzip-compressed (flag 1), that inflates to ``nbytes`` zero bytes
+    (send it with ``grpc-encoding: gzip``): about a thousandth of that on the wire."""
+    return _compressed_frame(gzip.compress(bytes(nbytes), 9))
+
+
+def _compressed_frame(payload: bytes) -> bytes:
+    return struct.pack(">BI", 1, len(payload)) + payload
 
 
 def grpc_headers(path: str, metadata: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:
@@ -106,6 +117,10 @@ class RawH2:
         """Open a call: its headers, then (optionally) ``body`` bytes, ended or not."""
         sid = self._conn.get_next_available_stream_id()
         self._conn.send_headers(sid, grpc_headers(path, metadata), end_stream=end and body is None)
+        if body is not None and len(body) > self._conn.max_outbound_frame_size:
+            await self._flush()
+            await self.send_body(sid, body, end=end)  # frame by frame, as flow control allows
+            return sid
         if body is not None:
             self._conn.send_data(sid, body, end_stream=end)
         await self._flush()

@@ -187,6 +187,8 @@ def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", s.max_message_bytes),
         ("grpc.max_send_message_length", s.max_message_bytes),
         ("grpc.so_reuseport", int(s.reuse_port)),
+        # identity only unless asked: gRPC refuses a compressed request before inflating it
+        ("grpc.compression_enabled_algorithms_bitset", 0b111 if s.compressed_requests else 0b1),
         # count streams open on the wire against max_concurrent_streams, as HTTP/2 does (the
         # client queues the rest), not streams still allocated: with grpc's default (True) a
         # stream whose answer the client already has still counts until Python drops the call,

@@ -111,6 +111,13 @@ class ServerSettings(_Frozen):
         "interpreter lock (health checks wait meanwhile: ~2-2.5 ms per MB on a 2-core host), so "
         "this also bounds that pause; 1,024 items of 30 KB each still fit."
     )
+    compressed_requests: bool = Field(
+        False, description="Take gzip/deflate-compressed gRPC requests (grpc-encoding). False: "
+        "they are refused (UNIMPLEMENTED, 'Compression algorithm ... is disabled') before "
+        "gRPC inflates them, and gRPC core logs a line each: a 64 KB gzip bomb inflates to the "
+        "max_message_bytes cap in ~30 ms of gRPC's CPU, and 128 at once held health 0.7-0.9 s "
+        "and a good call 9-11 s (bench/faults.py). Responses are never compressed."
+    )
     max_concurrent_rpcs: int | None = Field(
         None, ge=1, description="gRPC's own cap on calls handled at once (health checks "
         "included; more are RESOURCE_EXHAUSTED). It counts a call before authentication, so "

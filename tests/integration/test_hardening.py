@@ -331,3 +331,31 @@ async def test_done_callbacks_leave_no_reference_cycles_behind() -> None:
         finally:
             gc.enable()
     assert left == 0, f"{left} done callbacks bound to finished calls' contexts still alive"
+
+
+@pytest.mark.parametrize("accept", [False, True])
+async def test_compressed_requests_are_refused_before_they_are_inflated(accept: bool) -> None:
+    """A gzip bomb (64 KB that inflate to 64 MiB) is refused at once, UNIMPLEMENTED, without
+    gRPC inflating it (by default), or inflated up to the message cap and refused for its size
+    (server.compressed_requests=true, where a small compressed request is served)."""
+    from bench._h2 import _compressed_frame, gzip_bomb
+
+    gz = (("grpc-encoding", "gzip"),)
+    small = _compressed_frame(__import__("gzip").compress(encoded([GOOD]).SerializeToString()))
+    async with running_server([f"server.compressed_requests={str(accept).lower()}"]) as r:
+        conn = await RawH2.open(r.port)
+        try:
+            t0 = time.monotonic()
+            bomb = await conn.grpc_status(
+                await conn.start_call(SCORE, metadata=gz, body=gzip_bomb(64 << 20), end=True), 30.0)
+            took = time.monotonic() - t0
+            fine = await conn.grpc_status(
+                await conn.start_call(SCORE, metadata=gz, body=small, end=True), 10.0)
+        finally:
+            await conn.close()
+    assert bomb is not None and fine is not None
+    if accept:
+        assert bomb[0] == RESOURCE_EXHAUSTED and fine[0] == OK, (bomb, fine)
+    else:
+        assert bomb[0] == 12 and "disabled" in bomb[1] and took < 1.0, (bomb, took)  # UNIMPLEMENTED
+        assert fine[0] == 12
