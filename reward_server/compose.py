@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 
-from reward_server.backends.settings import JudgeNLISettings
+from reward_server.backends.settings import JudgeNLISettings, judge_info
 from reward_server.config import RewardServerConfig
 from reward_server.service import RewardService
 from reward_server.serving import Engines
@@ -44,6 +44,7 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         fake_engines=config.engines.fake,
         engine_batch_items=max(1, judge_items + nli_items),
         nli_batch_items=nli_items,
+        engine_info=judge_info(config.engines.judge),
     )
 
 

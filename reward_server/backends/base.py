@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,27 @@ class JudgePrompt:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One sampled completion of a chat prompt (the rubric generator's path)."""
+    """One sampled completion of a chat prompt (the rubric generator's path).
+
+    ``max_new_tokens`` None: up to the model's context (what a vLLM server does for a request
+    without ``max_tokens``, as PARL's rubric-generation scripts send). ``top_k`` None: no top-k
+    cut. ``enable_thinking``: the chat template's thinking switch for this request; ``"engine"``
+    takes the engine's ``enable_thinking`` setting, None sends no switch (the template's own
+    default: a Qwen3 template thinks).
+    """
 
     system: str
     user: str
-    max_new_tokens: int = 512
+    max_new_tokens: int | None = 512
     temperature: float = 0.6
     top_p: float = 0.95
     seed: int | None = None
+    top_k: int | None = None
+    enable_thinking: bool | Literal["engine"] | None = "engine"
+
+    def thinking(self, engine_setting: bool) -> bool | None:
+        """The thinking switch to render this request with (None: send none)."""
+        return engine_setting if self.enable_thinking == "engine" else self.enable_thinking
 
 
 @runtime_checkable

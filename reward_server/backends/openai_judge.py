@@ -1,7 +1,9 @@
 """Judge engine on an OpenAI-compatible endpoint (``vllm serve`` of a large judge, or any server
 of the chat completions API), through the ``openai`` SDK.
 
-p_yes is exact whenever the server can report the log-prob of every yes/no variant token id:
+p_yes is exact whenever the server can report the log-prob of every counted yes/no token id
+(``p_yes_readout``: released = the tokens ``yes`` and ``no``; pooled-v1 = every single-token
+spelling of yes, Yes, " yes", " Yes" and the same for no; :mod:`reward_server.backends.yes_no`):
 
 1. One request per judgment: ``max_tokens=1``, ``temperature=0``, ``logprobs=true``,
    ``top_logprobs`` (20) and, when the answer token ids are known (from the model's tokenizer),
@@ -22,7 +24,14 @@ p_yes is exact whenever the server can report the log-prob of every yes/no varia
 
 Without a local tokenizer the ids are unknown: listed tokens are matched by spelling and every
 spelling of a side that is not listed counts as unknown (case 3). ``vllm_extensions=False``
-sends none of vLLM's fields (for servers that refuse unknown fields): cases 1 and 2 are skipped.
+sends none of vLLM's fields (for servers that refuse unknown fields): cases 1 and 2 are skipped,
+and so are the chat template's switches and a generation's ``top_k`` (logged at start).
+
+``guided_choice`` (released read-out) also sends PARL's released request field
+``structured_outputs: {choice: [yes, no]}``: vLLM restricts the first token to those that start
+"yes" or "no" before it reports log-probs, so the top list holds both words (case 1 without
+``logprob_token_ids``); the restricted log-probs differ from the raw ones by one constant, so
+``P(yes) / (P(yes) + P(no))`` is the same value. No forcing is asked for under it.
 
 Requests run concurrently under a semaphore (``max_concurrency``). The SDK applies the timeout
 and retries (``max_retries``) connection errors, timeouts, 408/409/429 and 5xx with exponential
@@ -43,6 +52,8 @@ from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import OpenAIJudgeSettings
 from reward_server.backends.yes_no import (
     ANSWERS,
+    DEFAULT_READOUT,
+    PYesReadout,
     chat_messages,
     chat_template_kwargs,
     p_yes_bounds,
@@ -57,16 +68,18 @@ logger = logging.getLogger(__name__)
 _HEALTH_TTL_S = 5.0
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 _FORCED_TOLERANCE = 1e-3  # log-prob slack between a forced value and the listed ones (numerics)
+GUIDED_CHOICE = {"structured_outputs": {"choice": list(ANSWERS)}}  # PARL's released request field
 
 Entries = list[tuple[str, float]]
 
 
 def judge_payload(
     model: str, prompt: JudgePrompt, *, top_logprobs: int, token_ids: Sequence[int] = (),
-    template_kwargs: Mapping[str, Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None, guided_choice: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments of ``chat.completions.create`` for one yes/no judgment
-    (``template_kwargs``: sent as vLLM's ``chat_template_kwargs``)."""
+    (``template_kwargs``: sent as vLLM's ``chat_template_kwargs``; ``guided_choice``: PARL's
+    ``structured_outputs`` choice between "yes" and "no")."""
     payload: dict[str, Any] = {
         "model": model,
         "messages": chat_messages(prompt.system, prompt.prefix + prompt.suffix),
@@ -80,6 +93,8 @@ def judge_payload(
         extra |= {"logprob_token_ids": list(token_ids), "return_tokens_as_token_ids": True}
     if template_kwargs:
         extra["chat_template_kwargs"] = dict(template_kwargs)
+    if guided_choice:
+        extra |= GUIDED_CHOICE
     if extra:
         payload["extra_body"] = extra
     return payload
@@ -114,6 +129,8 @@ class OpenAIJudge:
         vllm_extensions: bool = True,
         max_p_error: float = 0.0,
         enable_thinking: bool = False,
+        p_yes_readout: PYesReadout = DEFAULT_READOUT,
+        guided_choice: bool = False,
     ) -> None:
         try:
             from openai import AsyncOpenAI
@@ -128,14 +145,24 @@ class OpenAIJudge:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._attempts = max_retries + 1
         self._top = top_logprobs
-        self._spelling = dict(answer_tokens or {})  # spelling -> token id
-        self._side = {i: side_of(s) for s, i in self._spelling.items()}
+        self._readout: PYesReadout = p_yes_readout
+        self._guided = guided_choice
+        # spelling -> token id, the spellings the read-out counts
+        self._spelling = {t: i for t, i in (answer_tokens or {}).items() if side_of(t, p_yes_readout)}
+        self._side = {i: side_of(s, p_yes_readout) for s, i in self._spelling.items()}
         self._ids = {w: sorted({i for i, side in self._side.items() if side == w}) for w in ANSWERS}
         self._extensions = vllm_extensions
         # The chat is rendered by the server: its template switches travel with each request
         # (vLLM's chat_template_kwargs), so every engine renders the same prompt. The OpenAI
         # API refuses unknown fields: without the extensions nothing is sent.
+        self._enable_thinking = enable_thinking
         self._template_kwargs = chat_template_kwargs(enable_thinking=enable_thinking) if vllm_extensions else {}
+        if not vllm_extensions:
+            logger.warning(
+                "openai judge %s: vllm_extensions is off, so the chat template's thinking switch "
+                "(enable_thinking=%s) and a generation's top_k are not sent: the server renders its "
+                "template's default and samples without top-k", model, enable_thinking,
+            )
         self._max_p_error = max_p_error
         self._health: tuple[float, Health] | None = None
 
@@ -148,7 +175,7 @@ class OpenAIJudge:
 
             from reward_server.backends.yes_no import answer_vocab
 
-            vocab = answer_vocab(AutoTokenizer.from_pretrained(tokenizer))
+            vocab = answer_vocab(AutoTokenizer.from_pretrained(tokenizer), settings.p_yes_readout)
         except Exception as e:
             logger.warning(
                 "no local tokenizer %s (%s): yes/no variants outside the top log-probs cannot be asked for",
@@ -167,6 +194,8 @@ class OpenAIJudge:
             vllm_extensions=settings.vllm_extensions,
             max_p_error=settings.max_p_error,
             enable_thinking=settings.enable_thinking,
+            p_yes_readout=settings.p_yes_readout,
+            guided_choice=settings.guided_choice,
         )
 
     @property
@@ -199,7 +228,7 @@ class OpenAIJudge:
             return tid if tid in self._side else None
         if self._spelling:
             return self._spelling.get(token)
-        return token if side_of(token) else None
+        return token if side_of(token, self._readout) else None
 
     def _listed(self, entries: Entries) -> dict[int | str, float]:
         out: dict[int | str, float] = {}
@@ -224,12 +253,14 @@ class OpenAIJudge:
         top, sampled = first_position(
             await self._create(judge_payload(
                 self._model, prompt, top_logprobs=self._top, token_ids=asked, template_kwargs=self._template_kwargs,
+                guided_choice=self._guided,
             ))
         )
         listed = self._listed([*top, sampled])
         cap = min(lp for _, lp in (top or [sampled]))  # anything not listed is at most this likely
         if all_ids:
-            missing = [i for i in asked if i not in listed]
+            # forcing one token with allowed_token_ids does not combine with the guided choice
+            missing = [] if self._guided else [i for i in asked if i not in listed]
             forced = await asyncio.gather(*(self._forced(prompt, i) for i in missing))
             for tid, lp in zip(missing, forced, strict=True):
                 if lp is None:
@@ -251,13 +282,13 @@ class OpenAIJudge:
     def _bounded(self, listed: Mapping[int | str, float], cap: float) -> float:
         known: dict[str, list[float]] = {w: [] for w in ANSWERS}
         for key, lp in listed.items():
-            side = self._side.get(key) if isinstance(key, int) else side_of(key)
+            side = self._side.get(key) if isinstance(key, int) else side_of(key, self._readout)
             if side is not None:
                 known[side].append(lp)
         if self._spelling:
             unknown = {w: len(self._ids[w]) - len(known[w]) for w in ANSWERS}
         else:  # ids unknown: any spelling not listed may be a token of its own
-            unknown = {w: len(variants(w)) - len(known[w]) for w in ANSWERS}
+            unknown = {w: len(variants(w, self._readout)) - len(known[w]) for w in ANSWERS}
         lo, hi = p_yes_bounds(
             known["yes"], known["no"], missing_yes=unknown["yes"], missing_no=unknown["no"], cap=cap
         )
@@ -278,14 +309,22 @@ class OpenAIJudge:
         payload: dict[str, Any] = {
             "model": self._model,
             "messages": chat_messages(r.system, r.user),
-            "max_tokens": r.max_new_tokens,
             "temperature": r.temperature,
             "top_p": r.top_p,
         }
+        if r.max_new_tokens is not None:  # unset: the server's default (vLLM: the rest of the context)
+            payload["max_tokens"] = r.max_new_tokens
         if r.seed is not None:
             payload["seed"] = r.seed
-        if self._template_kwargs:
-            payload["extra_body"] = {"chat_template_kwargs": dict(self._template_kwargs)}
+        if self._extensions:
+            extra: dict[str, Any] = {}
+            thinking = r.thinking(self._enable_thinking)
+            if thinking is not None:
+                extra["chat_template_kwargs"] = chat_template_kwargs(enable_thinking=thinking)
+            if r.top_k is not None:
+                extra["top_k"] = r.top_k
+            if extra:
+                payload["extra_body"] = extra
         response = await self._create(payload)
         try:
             return str(response.choices[0].message.content or "")

@@ -13,7 +13,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reward_server.backends.yes_no import DEFAULT_READOUT, PYesReadout
+
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+READOUT_DOC = (
+    "Which next-token log-probs make p_yes = P(yes) / (P(yes) + P(no)): released = the lowercase "
+    "tokens 'yes' and 'no' only, PARL's released judge call (a vLLM guided choice between 'yes' "
+    "and 'no', restricted before the log-probs are reported); pooled-v1 = this project before "
+    "issue 52: the logsumexp of the spellings yes, Yes, ' yes', ' Yes' against the same for no, "
+    "unrestricted (docs/parl.md §2)."
+)
 
 
 class _Frozen(BaseModel):
@@ -88,6 +98,7 @@ class TransformersJudgeSettings(_Engine):
         "same on every engine: transformers and vllm render it locally, openai sends it as "
         "chat_template_kwargs (with vllm_extensions). Templates without the switch ignore it."
     )
+    p_yes_readout: PYesReadout = Field(DEFAULT_READOUT, description=READOUT_DOC)
 
 
 class VLLMJudgeSettings(_Engine):
@@ -135,6 +146,7 @@ class VLLMJudgeSettings(_Engine):
         "same on every engine: transformers and vllm render it locally, openai sends it as "
         "chat_template_kwargs (with vllm_extensions). Templates without the switch ignore it."
     )
+    p_yes_readout: PYesReadout = Field(DEFAULT_READOUT, description=READOUT_DOC)
 
 
 class OpenAIJudgeSettings(_Engine):
@@ -168,12 +180,34 @@ class OpenAIJudgeSettings(_Engine):
         "p_yes is only known within an interval: its midpoint is used if the half-width is at "
         "most this, else the call fails. 0: exact values only."
     )
+    guided_choice: bool = Field(
+        False, description="p_yes_readout=released: also send PARL's released request field "
+        "structured_outputs {choice: [yes, no]} (vLLM >= 0.10.2), so the server restricts the "
+        "answer to the two words before it reports log-probs and lists both; for vLLM servers "
+        "without logprob_token_ids (needs vllm_extensions). The value is the same either way."
+    )
     enable_thinking: bool = Field(
         False, description="The chat template's thinking switch (Qwen3-style hybrid models): "
         "off renders the non-thinking prompt, as PARL's judge (an Instruct model) sees it. The "
         "same on every engine: transformers and vllm render it locally, openai sends it as "
         "chat_template_kwargs (with vllm_extensions). Templates without the switch ignore it."
     )
+    p_yes_readout: PYesReadout = Field(DEFAULT_READOUT, description=READOUT_DOC)
+
+    @model_validator(mode="after")
+    def _extensions_needed(self) -> OpenAIJudgeSettings:
+        if not self.vllm_extensions and self.enable_thinking:
+            raise ValueError(
+                "engines.judge.enable_thinking=true is sent as vLLM's chat_template_kwargs, which "
+                "vllm_extensions=false does not send: the server would render its template's "
+                "default; turn vllm_extensions on (a vLLM server) or leave enable_thinking off"
+            )
+        if self.guided_choice and (not self.vllm_extensions or self.p_yes_readout != "released"):
+            raise ValueError(
+                "engines.judge.guided_choice sends vLLM's structured_outputs field and restricts "
+                "the answer to 'yes'/'no': it needs vllm_extensions=true and p_yes_readout=released"
+            )
+        return self
 
 
 JudgeSettings = Annotated[
@@ -268,6 +302,17 @@ class EnginesSettings(_Frozen):
     def fake(self) -> bool:
         """True when any engine is a fake: rewards do not come from a model."""
         return isinstance(self.judge, FakeJudgeSettings) or isinstance(self.nli, FakeNLISettings)
+
+
+def judge_info(settings: JudgeSettings | None) -> dict[str, str]:
+    """What ``Info`` reports of an LLM judge's settings that change its answers: the p_yes
+    read-out and the chat template's thinking switch (nothing for a fake judge or none)."""
+    if settings is None or isinstance(settings, FakeJudgeSettings):
+        return {}
+    return {
+        "engines.judge.p_yes_readout": settings.p_yes_readout,
+        "engines.judge.enable_thinking": str(settings.enable_thinking).lower(),
+    }
 
 
 def fake_engines() -> EnginesSettings:

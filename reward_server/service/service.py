@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from reward_server import API_VERSION, __version__, components, cooperative, kinds, nli, rubric
 from reward_server import domain as d
@@ -73,10 +73,13 @@ class RewardService:
         admission: Admission | None = None,
         engine_batch_items: int = DEFAULT_ENGINE_BATCH_ITEMS,
         nli_batch_items: int = 0,
+        engine_info: Mapping[str, str] | None = None,
     ) -> None:
         """``engine_batch_items``: the items one full batch of every engine replica holds
         (sizes the default admission and ``call_judgments_in_flight``); ``nli_batch_items``: of
-        those, a separate NLI engine's (0: none; see :func:`admission_for`)."""
+        those, a separate NLI engine's (0: none; see :func:`admission_for`); ``engine_info``:
+        engine settings ``Info`` reports (the judge's p_yes read-out and thinking switch)."""
+        self.engine_info = dict(engine_info or {})
         self.judge = judge
         self.nli = nli
         self.settings = settings or ServiceSettings()
@@ -264,6 +267,7 @@ class RewardService:
             "service.policy_invalid_penalty": str(self.settings.policy_invalid_penalty),
             **self.limits_info(),
             "engines.fake": str(self.fake_engines).lower(),
+            **self.engine_info,
         }
         return d.ServerInfo(
             api_version=API_VERSION,

@@ -11,6 +11,14 @@ so the exact p_yes is known. It answers greedily and behaves like one of four se
 * ``processed``: like ``old-vllm`` but reports log-probs renormalized over the allowed tokens
   (vLLM's ``--logprobs-mode processed_logprobs``);
 * ``openai``: none of the extensions, tokens as text, at most 20 top log-probs.
+
+Any of them honours PARL's ``structured_outputs`` choice between "yes" and "no" when asked (but
+``openai``): the answer is restricted to those two tokens before the log-probs are reported
+(renormalised over them), as vLLM applies a guided choice.
+
+The engine's read-out (``p_yes_readout``): ``released`` counts the tokens ``yes`` and ``no``;
+``pooled-v1`` (before issue 52) every spelling; most machinery tests run pooled-v1, which has
+variants outside the top 20 to force.
 """
 
 from __future__ import annotations
@@ -41,9 +49,10 @@ TABLES = {
 }
 
 
-def exact(name: str) -> float:
+def exact(name: str, readout: str = "pooled-v1") -> float:
     t = TABLES[name]
-    y, n = (sum(math.exp(t[i]) for i in ids) for ids in ((1, 2, 3), (4, 5, 6)))
+    sides = ((1, 2, 3), (4, 5, 6)) if readout == "pooled-v1" else ((1,), (4,))
+    y, n = (sum(math.exp(t[i]) for i in ids) for ids in sides)
     return y / (y + n)
 
 
@@ -64,15 +73,19 @@ def _answer(body: dict[str, Any]) -> dict[str, Any]:
     ext = mode != "openai"
     as_ids = ext and bool(body.get("return_tokens_as_token_ids"))
     allowed = body.get("allowed_token_ids") if ext else None
+    choice = (body.get("structured_outputs") or {}).get("choice") if ext else None
+    if choice:  # a guided choice: tokens spelling a start of a choice, restricted before log-probs
+        allowed = [t for t in table if any(c.startswith(NAMES[t]) for c in choice)]
     pool = {t: lp for t, lp in table.items() if not allowed or t in allowed}
     sampled = max(pool, key=lambda t: pool[t])
     lp_of = dict(table)
-    if mode == "processed" and allowed:  # renormalized over the allowed tokens
+    if (mode == "processed" and allowed) or choice:  # renormalized over the allowed tokens
         norm = math.log(sum(math.exp(v) for v in pool.values()))
         lp_of = {t: v - norm for t, v in pool.items()}
     ids = body.get("logprob_token_ids") if mode == "vllm" else None
     k = min(int(body.get("top_logprobs") or 0), 20)
-    listed = list(ids) if ids else sorted(table, key=lambda t: -table[t])[:k]
+    ranked = pool if choice else table
+    listed = list(ids) if ids else sorted(ranked, key=lambda t: -ranked[t])[:k]
     top = [{"token": _tok(t, as_ids), "logprob": lp_of[t]} for t in listed]
     content = [{"token": _tok(sampled, as_ids), "logprob": lp_of[sampled], "top_logprobs": top}]
     return {
@@ -153,11 +166,13 @@ PROMPTS = [
     judge_prompt("c", "alpha beta", "Uses alpha.", Task.GENERIC),
     judge_prompt("c", "beta", "x", Task.GENERIC),
 ]
-EXACT = [exact("alpha"), exact("beta")]
+EXACT = [exact("alpha"), exact("beta")]  # pooled-v1
+RELEASED = [exact("alpha", "released"), exact("beta", "released")]
 
 
 def _judge(base_url: str, **kw: Any) -> OpenAIJudge:
     kw.setdefault("answer_tokens", VOCAB)
+    kw.setdefault("p_yes_readout", "pooled-v1")
     return OpenAIJudge(base_url, "m", max_concurrency=4, **kw)
 
 
@@ -220,7 +235,7 @@ async def test_plain_openai_api_is_bounded(base_url: str) -> None:
 
 async def test_without_token_ids_spellings_are_matched(base_url: str) -> None:
     State.mode = "openai"
-    judge = OpenAIJudge(base_url, "m", answer_tokens=None, max_p_error=0.5)
+    judge = OpenAIJudge(base_url, "m", answer_tokens=None, max_p_error=0.5, p_yes_readout="pooled-v1")
     (p,) = await judge.p_yes(PROMPTS[:1])
     # yes, Yes, no listed by spelling; the other 5 spellings unknown, each <= e^-4.6
     cap = math.exp(-4.6)
@@ -304,3 +319,86 @@ async def test_no_template_switches_sent_without_vllm_extensions(base_url: str) 
     State.mode = "openai"
     await _judge(base_url, vllm_extensions=False, max_p_error=0.5).p_yes(PROMPTS[:1])
     assert all("chat_template_kwargs" not in r for r in State.requests)
+
+
+# ------------------------------------------------------------------ released read-out (default)
+async def test_released_readout_asks_for_yes_and_no_only(base_url: str) -> None:
+    """The default read-out is PARL's released one, P(yes) / (P(yes) + P(no)) over the two
+    lowercase tokens; on these tables it differs from the pooled one by 0.024 (alpha)."""
+    judge = OpenAIJudge(base_url, "m", answer_tokens=VOCAB)  # the defaults
+    p = await judge.p_yes(PROMPTS)
+    assert p == pytest.approx(RELEASED, abs=1e-12)
+    assert abs(p[0] - EXACT[0]) > 0.02
+    (first,) = _sent(PROMPTS[0])
+    assert first["logprob_token_ids"] == [1, 4] and len(State.requests) == 2
+    await judge.close()
+
+
+async def test_released_readout_on_older_vllm_forces_only_a_missing_word(base_url: str) -> None:
+    State.mode = "old-vllm"
+    judge = _judge(base_url, p_yes_readout="released")
+    assert await judge.p_yes(PROMPTS) == pytest.approx(RELEASED, abs=1e-12)
+    assert [r["allowed_token_ids"] for r in State.requests if "allowed_token_ids" in r] == [[1]]  # beta's "yes"
+    await judge.close()
+
+
+async def test_released_readout_on_the_plain_api_renormalises_the_listed_pair(base_url: str) -> None:
+    """Without extensions: exact when both words are listed (alpha, even at max_p_error 0), the
+    interval otherwise (beta's "yes" is outside the top 20)."""
+    State.mode = "openai"
+    judge = _judge(base_url, p_yes_readout="released", vllm_extensions=False)
+    (p,) = await judge.p_yes(PROMPTS[:1])
+    assert p == pytest.approx(RELEASED[0], abs=1e-12)
+    with pytest.raises(ConfigError, match="0 yes and 1 no"):
+        await judge.p_yes(PROMPTS[1:])
+    spelled = OpenAIJudge(base_url, "m", answer_tokens=None, vllm_extensions=False)  # no tokenizer
+    assert await spelled.p_yes(PROMPTS[:1]) == pytest.approx(RELEASED[:1], abs=1e-12)
+    await judge.close()
+    await spelled.close()
+
+
+@pytest.mark.parametrize("mode", ["vllm", "old-vllm"])
+async def test_guided_choice_is_the_released_request(base_url: str, mode: str) -> None:
+    """guided_choice sends PARL's structured_outputs choice: the server renormalises over "yes"
+    and "no" before it reports, both are listed, the value is the same and nothing is forced."""
+    State.mode = mode
+    judge = _judge(base_url, p_yes_readout="released", guided_choice=True)
+    assert await judge.p_yes(PROMPTS) == pytest.approx(RELEASED, abs=1e-12)
+    assert all(r["structured_outputs"] == {"choice": ["yes", "no"]} for r in State.requests)
+    assert len(State.requests) == 2 and not any("allowed_token_ids" in r for r in State.requests)
+    await judge.close()
+
+
+def test_settings_refuse_what_cannot_be_sent() -> None:
+    from pydantic import ValidationError
+
+    from reward_server.backends.settings import OpenAIJudgeSettings
+
+    with pytest.raises(ValidationError, match="chat_template_kwargs"):
+        OpenAIJudgeSettings(base_url="u", model="m", vllm_extensions=False, enable_thinking=True)
+    with pytest.raises(ValidationError, match="guided_choice"):
+        OpenAIJudgeSettings(base_url="u", model="m", guided_choice=True, p_yes_readout="pooled-v1")
+    with pytest.raises(ValidationError, match="guided_choice"):
+        OpenAIJudgeSettings(base_url="u", model="m", guided_choice=True, vllm_extensions=False)
+    assert OpenAIJudgeSettings(base_url="u", model="m").p_yes_readout == "released"
+
+
+async def test_generation_sends_top_k_and_thinking_as_asked(base_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A rubric-generator request as released (top_k 20, no thinking switch: the template's
+    default, no token cap) and the judge's own setting for a plain request."""
+    judge = _judge(base_url, enable_thinking=False)
+    released = GenerationRequest(system="s", user="u", top_k=20, enable_thinking=None, max_new_tokens=None, seed=1)
+    await judge.generate([released, GenerationRequest(system="s", user="u", seed=2)])
+    by_seed = {r["seed"]: r for r in State.requests}
+    assert by_seed[1]["top_k"] == 20 and "chat_template_kwargs" not in by_seed[1] and "max_tokens" not in by_seed[1]
+    assert by_seed[2]["chat_template_kwargs"] == {"enable_thinking": False} and "top_k" not in by_seed[2]
+    State.requests.clear()
+    State.mode = "openai"
+    with caplog.at_level("WARNING"):
+        plain = _judge(base_url, vllm_extensions=False)
+    assert "not sent" in caplog.text
+    await plain.generate([GenerationRequest(system="s", user="u", top_k=20, enable_thinking=True, seed=3)])
+    (body,) = State.requests
+    assert "top_k" not in body and "chat_template_kwargs" not in body
+    await judge.close()
+    await plain.close()

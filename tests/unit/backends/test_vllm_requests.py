@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reward_server.backends.base import GenerationRequest
-from reward_server.backends.vllm_judge import generation_sampling_kwargs, judge_sampling_kwargs
+from reward_server.backends.vllm_judge import generation_sampling_kwargs, judge_sampling_kwargs, prompt_token_ids
 from reward_server.errors import ModelLoadError
 
 
@@ -20,6 +20,27 @@ def test_generation_kwargs_seed() -> None:
     assert generation_sampling_kwargs(r, 11) == {"max_tokens": 64, "temperature": 0.6, "top_p": 0.95, "seed": 11}
     r2 = GenerationRequest(system="s", user="u", seed=3)
     assert generation_sampling_kwargs(r2, 11)["seed"] == 3
+    # the rubric generator as released: top-k 20, no token cap (vLLM gives the rest of the context)
+    r3 = GenerationRequest(system="s", user="u", max_new_tokens=None, top_k=20)
+    assert generation_sampling_kwargs(r3, 0) | {"seed": 0} == {
+        "max_tokens": None, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "seed": 0,
+    }
+
+
+def test_prompt_ids_add_no_second_bos() -> None:
+    """The chat template already writes the model's special tokens; vLLM's chat path tokenizes
+    the rendered prompt without adding them. encode() with its defaults (the engine before issue
+    52) added a second one for tokenizers that add a BOS: here BERT's [CLS] (and a [SEP])."""
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from reward_server.backends.tiny_models import tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+    rendered = f"{tok.cls_token} system: judge. user: is it? assistant:"
+    ids = prompt_token_ids(tok, rendered)
+    assert ids.count(tok.cls_token_id) == 1 and ids[0] == tok.cls_token_id
+    assert list(tok.encode(rendered)).count(tok.cls_token_id) == 2  # what it was
 
 
 def test_constructing_without_vllm_fails_clearly() -> None:

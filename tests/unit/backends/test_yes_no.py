@@ -9,12 +9,14 @@ import pytest
 from reward_server.backends.yes_no import (
     answer_spellings,
     answer_token_ids,
+    answer_vocab,
     fold_by_ids,
     p_yes,
     p_yes_bounds,
     p_yes_exact,
     side_of,
     variants,
+    yes_no_ids,
 )
 from reward_server.errors import ModelLoadError
 from reward_server.numerics import logsumexp, sigmoid
@@ -50,11 +52,32 @@ class _Tok:
 
 def test_answer_token_ids_take_single_token_variants_only() -> None:
     tok = _Tok({"yes": [1], "Yes": [2], " yes": [3], " Yes": [1], "no": [5]})
-    assert variants("yes") == ("yes", "Yes", " yes", " Yes")
-    assert answer_token_ids(tok, "yes") == [1, 2, 3]  # " Yes" repeats id 1; multi-token skipped
-    assert answer_token_ids(tok, "no") == [5]
+    assert variants("yes", "pooled-v1") == ("yes", "Yes", " yes", " Yes")
+    assert answer_token_ids(tok, "yes", "pooled-v1") == [1, 2, 3]  # " Yes" repeats id 1; multi-token skipped
+    assert answer_token_ids(tok, "no", "pooled-v1") == [5]
     with pytest.raises(ModelLoadError, match="single tokens"):
         answer_token_ids(_Tok({}), "yes")
+
+
+def test_released_readout_counts_the_two_lowercase_tokens_only() -> None:
+    """PARL's released judge call: a guided choice between "yes" and "no", so p_yes is
+    P(yes) / (P(yes) + P(no)) over those two tokens; the pooled read-out (before issue 52) folds
+    in Yes, " yes", " Yes" and differs whenever those carry probability."""
+    tok = _Tok({"yes": [1], "Yes": [2], " yes": [3], " Yes": [4], "no": [5], "No": [6], " no": [7], " No": [8]})
+    assert variants("no") == ("no",) == variants("no", "released")
+    assert yes_no_ids(tok) == ([1], [5]) == yes_no_ids(tok, "released")
+    assert yes_no_ids(tok, "pooled-v1") == ([1, 2, 3, 4], [5, 6, 7, 8])
+    assert answer_vocab(tok) == {"yes": 1, "no": 5}
+    probs = {1: 0.30, 2: 0.25, 3: 0.01, 4: 0.01, 5: 0.20, 6: 0.02, 7: 0.005, 8: 0.005}
+    lps = {i: math.log(p) for i, p in probs.items()}
+    released = p_yes_exact(lps, *yes_no_ids(tok))
+    pooled = p_yes_exact(lps, *yes_no_ids(tok, "pooled-v1"))
+    assert released == pytest.approx(0.30 / (0.30 + 0.20), abs=1e-12)
+    assert pooled == pytest.approx(0.57 / (0.57 + 0.23), abs=1e-12)
+    assert abs(released - pooled) > 0.1  # type: ignore[operator]
+    assert [side_of(s) for s in ("yes", "no", "Yes", " yes", "NO")] == ["yes", "no", None, None, None]
+    with pytest.raises(ValueError, match="read-out"):
+        variants("yes", "pooled")  # type: ignore[arg-type]
 
 
 def test_p_yes_exact_needs_every_variant() -> None:
@@ -75,5 +98,6 @@ def test_p_yes_bounds_contain_every_completion() -> None:
 
 def test_spellings_and_sides() -> None:
     tok = _Tok({"yes": [1], "Yes": [2], " yes": [3], " Yes": [4, 5], "no": [6]})
-    assert answer_spellings(tok, "yes") == {"yes": 1, "Yes": 2, " yes": 3}
-    assert [side_of(s) for s in (" Yes", "NO", "maybe", "yes.")] == ["yes", "no", None, None]
+    assert answer_spellings(tok, "yes", "pooled-v1") == {"yes": 1, "Yes": 2, " yes": 3}
+    assert answer_spellings(tok, "yes") == {"yes": 1}
+    assert [side_of(s, "pooled-v1") for s in (" Yes", "NO", "maybe", "yes.")] == ["yes", "no", None, None]
