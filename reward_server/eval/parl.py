@@ -39,6 +39,7 @@ from reward_server.rubric.holistic import (
     holistic_request,
     parse_holistic_score,
 )
+from reward_server.rubric.parsing import released_postprocess
 from reward_server.rubric.scoring import judge_batch
 from reward_server.rubric.settings import RubricSettings, TemplateVersion
 from reward_server.rubric.templates import DEFAULT_TEMPLATE, judge_prompts, template_versions
@@ -150,11 +151,25 @@ def score_classic(
     return out
 
 
+def clean_predictions(methods: Mapping[str, Sequence[Sample]], settings: RubricSettings) -> dict[str, list[Sample]]:
+    """Every method's texts (the ground truth's too) as PARL's eval-test.py reads them: with
+    ``text_cleaning=released``, cut after the first ``</think>`` and the ``[Review]:``-style
+    markers (its ``postprocess_output``); ``none``: as written."""
+    if settings.text_cleaning == "none":
+        return {name: list(samples) for name, samples in methods.items()}
+    return {
+        name: [dataclasses.replace(s, text=released_postprocess(s.text)) for s in samples]
+        for name, samples in methods.items()
+    }
+
+
 async def evaluate(
     judge: JudgeEngine, rubrics: Mapping[str, UserRubric], methods: Mapping[str, Sequence[Sample]], *,
     settings: RubricSettings, options: ParlOptions,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    """Every column of the table as the JSON document (before it is written), and per-sample records."""
+    """Every column of the table as the JSON document (before it is written), and per-sample
+    records. The texts are cleaned first (:func:`clean_predictions`) for every column."""
+    methods = clean_predictions(methods, settings)
     total = sum(len(s) for s in methods.values())
     costs: dict[str, Cost] = {"rubric judge (p_yes)": Cost("rubric judge (p_yes)", judge.model_id)}
     bar = progress_bar(total, options.progress, unit="sample", desc="rubric judge")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from reward_server.backends.base import JudgeEngine
 from reward_server.domain import HistoryItem, InductionAttempt, InductionResult, Task
 from reward_server.errors import EngineError
-from reward_server.rubric.parsing import parse_rubric_output
+from reward_server.rubric.parsing import parse_rubric_output, released_postprocess
 from reward_server.rubric.scoring import validate_rule_sets
 from reward_server.rubric.settings import RubricSettings
 from reward_server.rubric.templates import generator_request
@@ -29,7 +29,9 @@ async def induce_rubrics(
     ``history_limit`` items, validate every attempt in one judge call (on the items
     ``settings.induction_validation_in_use`` names: released = Amazon every item, other tasks
     the last ``history_limit``, as PARL's generate-rubrics scripts), keep the attempt with the
-    most surviving rules (the earliest on ties). ``covered`` iff that attempt kept a rule.
+    most surviving rules (the earliest on ties). ``covered`` iff that attempt kept a rule. With
+    ``text_cleaning=released`` the validated history texts are cleaned first by PARL's
+    postprocess, as generate-rubrics does (the generator's prompt shows them as written).
     Arguments are a validated request (history non-empty, ``num_samples`` >= 1 or None)."""
     k = settings.induction_samples if num_samples is None else num_samples
     if k < 1:
@@ -44,6 +46,8 @@ async def induce_rubrics(
     parsed = [parse_rubric_output(o, settings, mode="inference") for o in outputs]
     whole = settings.induction_validation_in_use == "released" and task == Task.AMAZON
     checked = tuple(history) if whole else hist
+    if settings.text_cleaning == "released":
+        checked = tuple(HistoryItem(h.context, released_postprocess(h.text)) for h in checked)
     valid = await validate_rule_sets(judge, [p.rules for p in parsed], checked, task, settings)
     attempts = tuple(
         InductionAttempt(

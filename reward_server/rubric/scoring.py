@@ -67,14 +67,15 @@ async def score_rubric(
     return RewardOutcome(reward=reward, components=components)
 
 
-async def validate_rule_sets(
+async def first_failures(
     judge: JudgeEngine,
     rule_sets: Sequence[Sequence[str]],
     history: Sequence[HistoryItem],
     task: Task,
     settings: RubricSettings,
-) -> list[tuple[str, ...]]:
-    """Keep, per rule set, the rules satisfied (``settings.satisfied``) on EVERY history item.
+) -> list[list[int | None]]:
+    """Per rule set and rule, the index of the first history item the rule is not satisfied
+    (``settings.satisfied``) on; None when it holds on every item.
 
     All judgments of all sets go to the judge in one batched call; with
     ``validation_early_exit`` the history is judged one item per round and a rule stops being
@@ -82,24 +83,38 @@ async def validate_rule_sets(
     """
     if not history:
         raise ValueError("validating rules needs at least one history item")
-    alive = [[True] * len(rules) for rules in rule_sets]
-    rounds = [[h] for h in history] if settings.validation_early_exit else [list(history)]
+    failed: list[list[int | None]] = [[None] * len(rules) for rules in rule_sets]
+    rounds = [[k] for k in range(len(history))] if settings.validation_early_exit else [list(range(len(history)))]
     for items in rounds:
-        index: list[tuple[int, int]] = []
+        index: list[tuple[int, int, int]] = []
         prompts: list[JudgePrompt] = []
-        for h in items:
+        for k in items:
+            h = history[k]
             for s, rules in enumerate(rule_sets):
-                todo = [j for j, ok in enumerate(alive[s]) if ok]
-                index.extend((s, j) for j in todo)
+                todo = [j for j, f in enumerate(failed[s]) if f is None]
+                index.extend((s, j, k) for j in todo)
                 todo_rules = [rules[j] for j in todo]
                 prompts.extend(judge_prompts(h.context, h.text, todo_rules, task, template=settings.template_version))
         if not prompts:
             break
-        for (s, j), p in zip(index, await judge_batch(judge, prompts), strict=True):
-            if not settings.satisfied(p):
-                alive[s][j] = False
+        for (s, j, k), p in zip(index, await judge_batch(judge, prompts), strict=True):
+            if failed[s][j] is None and not settings.satisfied(p):  # index runs in item order
+                failed[s][j] = k
+    return failed
+
+
+async def validate_rule_sets(
+    judge: JudgeEngine,
+    rule_sets: Sequence[Sequence[str]],
+    history: Sequence[HistoryItem],
+    task: Task,
+    settings: RubricSettings,
+) -> list[tuple[str, ...]]:
+    """Keep, per rule set, the rules satisfied (``settings.satisfied``) on EVERY history item
+    (one batched judge call; see :func:`first_failures`)."""
+    failed = await first_failures(judge, rule_sets, history, task, settings)
     return [
-        tuple(r for r, ok in zip(rules, alive[s], strict=True) if ok)
+        tuple(r for r, f in zip(rules, failed[s], strict=True) if f is None)
         for s, rules in enumerate(rule_sets)
     ]
 
@@ -120,13 +135,18 @@ async def parl_reward(
             policy_invalid=parsed.invalid_reason,
         )
     history = spec.history[-settings.history_limit :]
-    (valid,) = await validate_rule_sets(judge, [parsed.rules], history, spec.task, settings)
+    (failed,) = await first_failures(judge, [parsed.rules], history, spec.task, settings)
+    valid = tuple(r for r, f in zip(parsed.rules, failed, strict=True) if f is None)
     counts[c.N_VALID.name] = float(len(valid))
     if not settings.min_rules <= len(valid) <= settings.max_rules:
         return RewardOutcome(
             reward=settings.format_floor, components={**counts, c.FLOOR_APPLIED.name: 1.0}
         )
-    texts = [spec.target.text, *spec.baselines]
+    target_text = spec.target.text
+    if settings.released_target_overwrite:  # parl_rm_a.py's loop variable gt replaces the target
+        last = failed[-1]
+        target_text = history[len(history) - 1 if last is None else last].text
+    texts = [target_text, *spec.baselines]
     prompts = [
         p
         for t in texts

@@ -14,6 +14,7 @@ from reward_server.domain import RubricAggregate
 
 TemplateVersion = Literal["parl-released", "parl-v1", "parl-v2"]
 TEMPLATE_VERSIONS: tuple[TemplateVersion, ...] = ("parl-released", "parl-v1", "parl-v2")
+Parser = Literal["released", "released-v1", "lenient"]
 
 
 class RubricSettings(BaseModel):
@@ -27,12 +28,29 @@ class RubricSettings(BaseModel):
         "of PARL's released prompt.py (default); parl-v1 (rule, then question) and parl-v2 "
         "(question, then rule) = this project's earlier wordings, kept to reproduce their runs."
     )
-    parser: Literal["released", "lenient"] | None = Field(
-        None, description="Generator-output parsing: released = PARL's code (cut at the first "
-        "</think> and its postprocess markers, json.loads, no code fence, rules kept as "
-        "written, length measured as written); lenient = ours before parl-released (cut at the "
-        "last </think>, one code fence tolerated, rules stripped, length after strip). None: "
-        "the template's own (released for parl-released, lenient for parl-v1/v2)."
+    parser: Parser | None = Field(
+        None, description="Generator-output parsing: released = PARL's reward code (its "
+        "postprocess applied twice, as compute_rubrics_score does: cut at the first </think> and "
+        "its markers, twice; json.loads, no code fence; rules kept and measured as written; a "
+        "rule that is a list or object is measured by len() and skipped outside the length "
+        "bounds, judged as Python's str() of it inside them); released-v1 = this project's "
+        "released parser before issue 52 (postprocess once; a rule that is not a string rejects "
+        "the output); lenient = ours before parl-released (cut at the last </think>, one code "
+        "fence tolerated, rules stripped, length after strip). None: the template's own "
+        "(released for parl-released, lenient for parl-v1/v2)."
+    )
+    text_cleaning: Literal["released", "none"] = Field(
+        "released", description="PARL's postprocess (cut after the first </think>, then after "
+        "[Review]:, [Review Text]:, [Headline]:, [Content]:) on the texts the released scripts "
+        "clean: the history texts InduceRubrics validates on (generate-rubrics) and every "
+        "method's texts in `reward-server eval parl` (eval-test.py). none: texts as written "
+        "(this project before issue 52)."
+    )
+    released_target_overwrite: bool = Field(
+        False, description="Reproduce the released Amazon reward's bug: S(y_T) is judged on the "
+        "history text its validation loop judged last (the last length-valid rule's first "
+        "failing history item, or the last item), not on the target text (parl_rm_a.py reuses "
+        "the name gt as its loop variable). Off: the target, as the paper's formula."
     )
     threshold: float = Field(
         0.5, ge=0.0, le=1.0, description="A rule is satisfied iff p_yes > threshold "
@@ -71,18 +89,36 @@ class RubricSettings(BaseModel):
         RubricAggregate.MEAN_P_YES, description="rubric_score aggregate when the item names none."
     )
     induction_samples: int = Field(5, ge=1, description="k generator samples for InduceRubrics.")
-    generation_max_new_tokens: int = Field(1024, ge=1, description="Generator budget per sample.")
-    generation_temperature: float = Field(
-        0.6, ge=0.0, description="Generator sampling temperature."
+    generation_max_new_tokens: int | None = Field(
+        None, ge=1, description="Generator budget per sample. None: the rest of the generator's "
+        "context, as the released scripts (no max_tokens sent: vLLM gives the rest of "
+        "max_model_len). 1024 before issue 52."
     )
-    generation_top_p: float = Field(0.95, gt=0.0, le=1.0, description="Generator nucleus top_p.")
+    generation_temperature: float = Field(
+        0.6, ge=0.0, description="Generator sampling temperature (Qwen3's generation config, "
+        "what the released scripts' server applies)."
+    )
+    generation_top_p: float = Field(
+        0.95, gt=0.0, le=1.0, description="Generator nucleus top_p (Qwen3's generation config)."
+    )
+    generation_top_k: int | None = Field(
+        20, ge=1, description="Generator top-k (Qwen3's generation config, applied by the "
+        "released scripts' vLLM server; the released training preset's rollout.top_k). None: no "
+        "top-k (before issue 52)."
+    )
+    generation_enable_thinking: bool | None = Field(
+        None, description="The chat template's thinking switch for the generator's samples. "
+        "None: no switch sent, the template's own default, as the released scripts (a Qwen3 "
+        "generator thinks); false: this project before issue 52 (the judge's default "
+        "engines.judge.enable_thinking). The judge's yes/no prompts keep engines.judge.enable_thinking."
+    )
 
     @property
     def released_template(self) -> bool:
         return self.template_version == "parl-released"
 
     @property
-    def parser_in_use(self) -> Literal["released", "lenient"]:
+    def parser_in_use(self) -> Parser:
         """``parser``, or the template's own when unset."""
         if self.parser is not None:
             return self.parser

@@ -143,6 +143,8 @@ def template_versions(settings: RubricSettings) -> dict[str, str]:
         "rubric.parser": settings.parser_in_use,
         "rubric.induction_validation": settings.induction_validation_in_use,
         "rubric.threshold_rule": settings.threshold_rule,
+        "rubric.text_cleaning": settings.text_cleaning,
+        "rubric.released_target_overwrite": str(settings.released_target_overwrite).lower(),
     }
 
 
@@ -241,5 +243,7 @@ def generator_request(
         max_new_tokens=settings.generation_max_new_tokens,
         temperature=settings.generation_temperature,
         top_p=settings.generation_top_p,
+        top_k=settings.generation_top_k,
+        enable_thinking=settings.generation_enable_thinking,
         seed=seed,
     )

@@ -151,3 +151,26 @@ def test_missing_gt_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err.strip()
     assert err == f"error: {tmp_path / 'p'} has no gt.jsonl (the ground truth; --gt names it)"
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("cleaning", "gt_level"), [("released", 0.0), ("none", 1.0)])
+def test_eval_parl_cleans_predictions_as_released(tmp_path: Path, cleaning: str, gt_level: float) -> None:
+    """PARL's eval-test.py runs postprocess_output on every method's text (the ground truth's
+    too) before judging: a thinking block and a "[Review]:" prefix are cut. none (before issue
+    52): as written. Here the rule's word is only in what is cut."""
+    write(tmp_path / "R.jsonl", [{"user_id": "u1", "rules": [RA]}])
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    write(pred / "gt.jsonl", [{"user_id": "u1", "text": "<think>alpha?</think> [Review]: plain beta"}])
+    write(pred / "rag.jsonl", [{"user_id": "u1", "text": "Review: alpha [Review]: beta"}])
+    out = tmp_path / "out"
+    args = parse(["--rubrics", str(tmp_path / "R.jsonl"), "--predictions", str(pred), "--out", str(out),
+                  "--set", "engines.judge.kind=fake", "--set", f"rubric.text_cleaning={cleaning}",
+                  "--no-progress", "--no-llm-judge", "--metrics", "rouge1"])  # fmt: skip
+    run_parl_eval(args)
+    res = json.loads((out / "parl_eval.json").read_text())
+    assert res["methods"]["gt"]["user_level_accuracy"] == gt_level
+    assert res["methods"]["rag"]["user_level_accuracy"] == gt_level
+    assert res["template_versions"]["rubric.text_cleaning"] == cleaning
+    samples = [json.loads(line) for line in (out / "parl_samples.jsonl").read_text().splitlines()]
+    assert {s["method"]: s["p_yes"] for s in samples}["gt"] == [0.02 if cleaning == "released" else 0.98]

@@ -185,3 +185,31 @@ async def test_think_block_and_fence_are_stripped_by_lenient_parser() -> None:
     # the released reward json.loads the fenced text: policy-invalid (PARL's 0.0)
     released = await parl_reward(FakeJudge(), spec(output, ParlVariant.PARL_0), RubricSettings())
     assert released.policy_invalid is not None and "not valid JSON" in released.policy_invalid
+
+
+R6 = 'The text uses the words "alpha", "beta" and "gamma".'  # 0.98 / 0.66 / 0.66 on HISTORY: valid
+R7 = 'The text uses the word "delta".'  # fails on item 0
+
+
+@pytest.mark.parametrize(
+    ("rules", "s_target"),
+    [
+        # the last length-valid rule (R7) fails first on item 0: its text "alpha beta gamma"
+        ((R1, R6, R7), (0.98 + 0.98) / 2),
+        # the last rule (R6) holds on every item: the loop ends on the last item, "alpha beta"
+        ((R7, R1, R6), (0.98 + 0.66) / 2),
+    ],
+)
+async def test_released_target_overwrite_reproduces_the_amazon_bug(rules: tuple[str, ...], s_target: float) -> None:
+    """parl_rm_a.py reuses the name gt (the target text) as its validation loop variable, so the
+    released reward judges S(y_T) on the history text that loop judged last. Off (the default):
+    the target, "alpha zeta" (R1 0.98, R6 0.34)."""
+    on = RubricSettings(released_target_overwrite=True)
+    out = await parl_reward(FakeJudge(), spec(rules_json(*rules), ParlVariant.PARL_0), on)
+    assert out.components["n_valid"] == 2 and out.components["s_target"] == pytest.approx(s_target)
+    assert out.reward == pytest.approx(0.1 + 10 * s_target)
+    fixed = await parl_reward(FakeJudge(), spec(rules_json(*rules), ParlVariant.PARL_0), RubricSettings())
+    assert fixed.components["s_target"] == pytest.approx((0.98 + 0.02 + 0.96 / 3) / 2)
+    early = await parl_reward(FakeJudge(), spec(rules_json(*rules), ParlVariant.PARL_0),
+                              RubricSettings(released_target_overwrite=True, validation_early_exit=True))
+    assert early.components["s_target"] == pytest.approx(s_target)

@@ -1,5 +1,6 @@
 """Golden cases for the generator-output parser (docs/parl.md §1, §3): the released parser
-(PARL's postprocess + json.loads, the default) and our lenient one (templates parl-v1/v2)."""
+(PARL's postprocess twice + json.loads, the default), the released-v1 parser (postprocess once,
+this project before issue 52) and our lenient one (templates parl-v1/v2)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from reward_server.rubric.parsing import released_postprocess, strip_wrapping
 
 S = RubricSettings()  # parser: released (the default template's)
 LENIENT = RubricSettings(parser="lenient")
+V1 = RubricSettings(parser="released-v1")
 R = "The review opens with a one-line verdict."
 R2 = "Sentences are short and use exclamation marks."
 
@@ -37,12 +39,18 @@ def test_lenient_think_block_stripped_through_last_close() -> None:
     assert parse_rubric_output(raw, LENIENT, mode="training").rules == (R, R2)
 
 
-def test_released_think_block_cut_at_first_close() -> None:
-    # PARL's postprocess cuts after the FIRST </think>: what follows a second one is not JSON
+def test_released_cleans_twice_two_think_blocks() -> None:
+    """compute_rubrics_score applies postprocess to the batch, then again per sample: each pass
+    cuts after the first </think>, so two blocks are both cut and the rules parse (full reward
+    there). released-v1 cut once: what follows the first </think> is not JSON (0.0)."""
     raw = '<think>[{"rule": "bait"}]</think> more </think>\n' + arr(R, R2)
-    p = parse_rubric_output(raw, S, mode="training")
+    assert parse_rubric_output(raw, S, mode="training").rules == (R, R2)
+    p = parse_rubric_output(raw, V1, mode="training")
     assert p.invalid_reason is not None and "not valid JSON" in p.invalid_reason
-    assert parse_rubric_output("<think>x</think>\n" + arr(R, R2), S, mode="training").rules == (R, R2)
+    for settings in (S, V1):
+        assert parse_rubric_output("<think>x</think>\n" + arr(R, R2), settings, mode="training").rules == (R, R2)
+    # a third block is left: two passes, two cuts
+    assert parse_rubric_output("a</think>b</think>c</think>" + arr(R, R2), S, mode="training").invalid_reason
 
 
 def test_released_markers_cut_as_postprocess() -> None:
@@ -80,8 +88,9 @@ def test_released_length_measured_as_written() -> None:
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
-        (json.dumps([{"rule": R}, {"rule": ["a list"]}]), 'element 1: "rule" is a list'),
-        (json.dumps([{"rule": R}, {"rule": None}]), 'element 1: "rule" is a NoneType'),
+        (json.dumps([{"rule": R}, {"rule": None}]), 'element 1: "rule" is null'),
+        (json.dumps([{"rule": R}, {"rule": 7}]), 'element 1: "rule" is a number'),
+        (json.dumps([{"rule": R}, {"rule": True}]), 'element 1: "rule" is a boolean'),
         (json.dumps([{"rule": R}, 5]), "element 1 is a JSON int"),
         (json.dumps({"rules": [R, R2]}), "JSON dict, expected an array"),
         (arr(R), "holds 1 elements"),
@@ -91,8 +100,24 @@ def test_released_length_measured_as_written() -> None:
     ],
 )
 def test_training_rejections(raw: str, reason: str) -> None:
-    p = parse_rubric_output(raw, S, mode="training")
-    assert p.rules == () and p.invalid_reason is not None and reason in p.invalid_reason
+    for settings in (S, V1):
+        p = parse_rubric_output(raw, settings, mode="training")
+        assert p.rules == () and p.invalid_reason is not None and reason in p.invalid_reason
+
+
+def test_released_skips_a_list_or_object_rule() -> None:
+    """The released reward measures a rule with len(): a short list or object is skipped (the
+    other rules score); one of 20..400 elements is judged as Python's str() of it. released-v1
+    rejected the whole output."""
+    for value, kind in ((["a list"], "an array"), ({"k": "an object"}, "an object")):
+        raw = json.dumps([{"rule": R}, {"rule": value}, {"rule": R2}])
+        p = parse_rubric_output(raw, S, mode="training")
+        assert p.invalid_reason is None and p.rules == (R, R2) and p.n_parsed == 3
+        rejected = parse_rubric_output(raw, V1, mode="training")
+        assert rejected.rules == () and f'element 1: "rule" is {kind}' in (rejected.invalid_reason or "")
+    long = [f"w{i}" for i in range(25)]
+    p = parse_rubric_output(json.dumps([{"rule": R}, {"rule": long}]), S, mode="training")
+    assert p.rules == (R, str(long))
 
 
 def test_length_filter_bounds_inclusive() -> None:
@@ -107,7 +132,12 @@ def test_inference_mode_no_length_filter_no_cap() -> None:
     raw = arr("short", *[R] * 11, "   ")
     p = parse_rubric_output(raw, S, mode="inference")
     assert p.invalid_reason is None and p.n_parsed == 13
-    assert p.rules == ("short", *[R] * 11)  # the blank rule is dropped
+    assert p.rules == ("short", *[R] * 11, "   ")  # released: every rule['rule'] is judged
+    assert parse_rubric_output(raw, V1, mode="inference").rules == ("short", *[R] * 11)  # blank dropped
     one = parse_rubric_output(arr(R), S, mode="inference")
     assert one.rules == (R,)
     assert parse_rubric_output("[]", S, mode="inference").rules == ()
+    # generate-rubrics inserts rubric['rule'] with format(): any value is judged as its str()
+    odd = parse_rubric_output(json.dumps([{"rule": None}, {"rule": ["a"]}, {"rule": 3}]), S, mode="inference")
+    assert odd.rules == ("None", "['a']", "3")
+    assert parse_rubric_output(json.dumps([{"rule": 3}]), V1, mode="inference").invalid_reason

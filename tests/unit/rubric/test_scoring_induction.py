@@ -86,7 +86,8 @@ def test_generator_prompt_and_versions() -> None:
     assert template_versions(s) == {
         "rubric.judge": "parl-released", "rubric.generator": "parl-released", "rubric.parser": "released",
         "rubric.induction_validation": "released", "rubric.threshold_rule": "gt",
-        "rubric.template_digest": template_digest("parl-released"),
+        "rubric.template_digest": template_digest("parl-released"), "rubric.text_cleaning": "released",
+        "rubric.released_target_overwrite": "false",
     }  # fmt: skip
     assert len({template_digest(t) for t in TEMPLATE_VERSIONS}) == 3
     v1 = RubricSettings(template_version="parl-v1")
@@ -97,7 +98,31 @@ def test_generator_prompt_and_versions() -> None:
         RubricSettings(template_version="parl-v999")  # type: ignore[arg-type]
 
 
+def test_generator_samples_as_the_released_scripts() -> None:
+    """generate-rubrics sends no sampling fields: the vLLM server applies Qwen3's generation
+    config (temperature 0.6, top_p 0.95, top_k 20), renders the chat template's own default
+    (Qwen3 thinks) and gives the rest of the context. Before issue 52: no top-k, thinking off
+    (the judge's switch), 1,024 tokens."""
+    req = generator_request([HistoryItem("c", "t")], Task.NEWS, RubricSettings(), seed=0)
+    assert (req.top_k, req.enable_thinking, req.max_new_tokens) == (20, None, None)
+    assert req.thinking(False) is None  # no switch sent, whatever the judge's
+    before = RubricSettings(generation_top_k=None, generation_enable_thinking=False, generation_max_new_tokens=1024)
+    old = generator_request([HistoryItem("c", "t")], Task.NEWS, before, seed=0)
+    assert (old.top_k, old.thinking(True), old.max_new_tokens) == (None, False, 1024)
+
+
 HISTORY = (HistoryItem("c1", "alpha beta gamma"), HistoryItem("c2", "alpha beta"))
+
+
+@pytest.mark.parametrize(("cleaning", "kept"), [("released", (RB,)), ("none", (RA, RB))])
+async def test_induction_validates_cleaned_history_texts(cleaning: str, kept: tuple[str, ...]) -> None:
+    """generate-rubrics validates each history text after postprocess_output (cut after the
+    first </think> and the [Review]:-style markers); none (before issue 52): as written."""
+    history = (HistoryItem("c1", "alpha gamma [Review]: beta"), HistoryItem("c2", "<think>alpha</think> beta alpha"))
+    s = RubricSettings(text_cleaning=cleaning)  # type: ignore[arg-type]
+    res = await induce_rubrics(FakeJudge(scripted=[out(RA, RB)]), history=history, task=Task.NEWS, settings=s,
+                               num_samples=1)
+    assert res.rules == kept
 
 
 def out(*rules: str) -> str:
