@@ -113,3 +113,6 @@ async def test_verify_with_evidence_on_the_tiny_nli_model(real: Running) -> None
         assert all(0 <= i < 3 for i in e.critical_premise)
         assert all(p.premise_index in e.critical_premise for p in e.pairs)
     assert info.judge_model == "smollm2-local" and "tiny" in info.nli_model
+    # what changes the judge's answers: the released read-out, the chat template's thinking switch
+    assert info.settings["engines.judge.p_yes_readout"] == "released"
+    assert info.settings["engines.judge.enable_thinking"] == "false"
