@@ -13,13 +13,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
+import resource
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-from _faultkit import ONE_ITEM, TOKEN, Caller, Server
+import grpc
+from _faultkit import (
+    AUTH,
+    ONE_ITEM,
+    SCORE,
+    TOKEN,
+    Caller,
+    Server,
+    codes_of,
+    http_post,
+    ms,
+    phase,
+    statuses,
+)
+from _h2 import RawH2, closed_by_peer, gzip_bomb, idle_socket
 
 ATTACKER = "127.0.0.2"
 ONE_JSON = json.dumps({"items": [{"id": "a", "nli_constraints": {
@@ -123,3 +139,185 @@ async def trainer_load(common: list[str], args: argparse.Namespace) -> list[str]
                     f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] | "
                     f"{refused or 0} | {dict(other[(door, loops, 'admission off')]) or 0} |")
     return rows
+
+
+# ------------------------------------------------------------------ issue 51's attacks
+def _raise_open_files(want: int) -> None:
+    """This process opens thousands of connections (the lockout): raise its soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+
+async def rapid_reset(s: Server, args: argparse.Namespace) -> None:
+    """CVE-2023-44487: streams reset right after their headers, as fast as this client goes,
+    for ``args.attack_seconds``, reconnecting whenever the server closes the connection."""
+    async with phase(s, f"J. rapid reset (CVE-2023-44487) from {ATTACKER}, "
+                        f"{args.attack_seconds:.0f} s, reconnecting") as p:
+        t0 = time.monotonic()
+        sent = closed = goaway = 0
+        while time.monotonic() - t0 < args.attack_seconds:
+            c = await RawH2.open(s.port, source=ATTACKER)
+            while time.monotonic() - t0 < args.attack_seconds and not c.closed and c.goaway is None:
+                sent += await c.rapid_reset(SCORE, 1000, metadata=AUTH)
+            goaway += c.goaway is not None
+            closed += c.closed or await c.wait_closed_by_peer(0.5)
+            await c.close()
+        p.outcome = (f"{sent:,} streams reset in {time.monotonic() - t0:.1f} s; the server closed "
+                     f"{closed} connections ({goaway} with GOAWAY)")
+
+
+async def continuation_flood(s: Server, args: argparse.Namespace) -> None:
+    """A HEADERS frame, then CONTINUATION frames that never end the header block, for
+    ``args.attack_seconds``, one connection at a time, reconnecting when it is closed."""
+    async with phase(s, f"K. CONTINUATION flood from {ATTACKER}, {args.attack_seconds:.0f} s, "
+                        "reconnecting") as p:
+        t0 = time.monotonic()
+        sent = conns = 0
+        while (left := args.attack_seconds - (time.monotonic() - t0)) > 0:
+            c = await RawH2.open(s.port, source=ATTACKER)
+            await c.pump(0.05)
+            sent += await c.continuation_flood(SCORE, 64 << 30, timeout_s=left)
+            conns += 1
+            await c.close()
+        p.outcome = (f"{sent / 1e9:.2f} GB sent in {time.monotonic() - t0:.1f} s over {conns} "
+                     f"connections (each taken until the server closed it)")
+
+
+async def parked_calls(s: Server, args: argparse.Namespace) -> None:
+    """400 connections x 128 Score calls whose request never comes, held
+    ``args.attack_seconds``."""
+    n, per = 400, 128
+    async with phase(s, f"L. {n} connections x {per} half-open calls from {ATTACKER}, held "
+                        f"{args.attack_seconds:.0f} s", settle_s=5.0) as p:
+        conns = [await RawH2.open(s.port, source=ATTACKER) for _ in range(n)]
+        for c in conns:
+            await c.start_calls(SCORE, per, body=None, metadata=AUTH)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < args.attack_seconds:
+            await asyncio.gather(*(c.pump(0.1) for c in conns))
+        codes = collections.Counter(c.grpc_code(sid) for c in conns for sid in c.status)
+        closed = sum(c.closed for c in conns)
+        p.outcome = (f"{n * per:,} calls; answered to the attacker {_named(codes)}; the server "
+                     f"closed {closed} of {n} connections")
+        for c in conns:
+            await c.close()
+
+
+def _named(codes: collections.Counter[int | None]) -> dict[str, int]:
+    names = {code.value[0]: code.name for code in grpc.StatusCode}
+    return {names.get(k, str(k)) if k is not None else "no answer": v for k, v in codes.items()}
+
+
+async def lockout(s: Server, args: argparse.Namespace) -> None:
+    """8,300 connections from one address that send the HTTP/2 preface and hold still (more
+    than server.max_connections, 8,192), held ``args.attack_seconds``."""
+    n = args.lockout_connections
+    _raise_open_files(n + 1024)
+    async with phase(s, f"M. {n:,} connections from {ATTACKER} that hold still, "
+                        f"{args.attack_seconds:.0f} s (the connection cap)", settle_s=5.0) as p:
+        socks = []
+        for _ in range(n):
+            try:
+                socks.append(await asyncio.to_thread(idle_socket, s.port, source=ATTACKER))
+            except OSError as e:
+                p.outcome = f"(could open only {len(socks)}: {e}) "
+                break
+        await asyncio.sleep(args.attack_seconds)
+        closed = sum(closed_by_peer(k) for k in socks)
+        p.outcome += f"{closed:,} of {len(socks):,} closed by the server"
+        for k in socks:
+            k.close()
+
+
+async def gzip_bombs(s: Server, args: argparse.Namespace) -> None:
+    """128 Score calls at once whose gzip-compressed message inflates to 64 MiB."""
+    bomb = gzip_bomb(64 << 20)
+    async with phase(s, f"N. 128 gzip bombs at once ({len(bomb) // 1024} KB -> 64 MiB each)") as p:
+        conns = [await RawH2.open(s.port, source=ATTACKER) for _ in range(8)]
+        t0 = time.monotonic()
+        calls = [(c, await c.start_call(SCORE, metadata=(*AUTH, ("grpc-encoding", "gzip")),
+                                        body=bomb, end=True)) for c in conns for _ in range(16)]
+        seen = await statuses(conns, calls, t0, 120.0)
+        p.outcome = (f"{_named(codes_of(calls))}, the last after "
+                     f"{max(seen.values(), default=float('nan')):.2f} s")
+        for c in conns:
+            await c.close()
+
+
+async def _http(port: int, path: str, data: bytes = b"", method: str = "POST") -> tuple[int, float]:
+    """(HTTP status, seconds); status 0 when the connection failed."""
+    t = time.perf_counter()
+    try:
+        status, _ = await asyncio.to_thread(http_post, port, path, data, method=method)
+    except OSError:
+        status = 0
+    return status, time.perf_counter() - t
+
+
+async def http_slow_bodies(s: Server, args: argparse.Namespace) -> None:
+    """1,100 HTTP connections from one address, each a POST /v1/score declaring 10,000 body
+    bytes and sending one every 5 s, held ``args.attack_seconds``; /v1/health and a 1-item
+    /v1/score asked from 127.0.0.1 meanwhile, each a new connection."""
+    n = 1100
+    _raise_open_files(n + 1024)
+    head = ("POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Length: 10000\r\n\r\n").encode()
+    async with phase(s, f"O. {n:,} HTTP slow bodies from {ATTACKER} (a byte every 5 s), "
+                        f"{args.attack_seconds:.0f} s; /v1/health and /v1/score asked meanwhile",
+                        settle_s=5.0) as p:
+        conns = []
+        for _ in range(n):
+            try:
+                conns.append(await asyncio.open_connection("127.0.0.1", s.http_port,
+                                                           local_addr=(ATTACKER, 0)))
+            except OSError:
+                break
+
+        async def drip(writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                writer.write(head)
+                while True:
+                    writer.write(b" ")
+                    await writer.drain()
+                    await asyncio.sleep(5.0)
+
+        drips = [asyncio.create_task(drip(w)) for _, w in conns]
+        end = time.monotonic() + args.attack_seconds
+        health: list[float] = []
+        while time.monotonic() < end:
+            status, took = await _http(s.http_port, "/v1/health", method="GET")
+            p.codes[f"health {status}"] += 1
+            health.append(took)
+            status, _ = await _http(s.http_port, "/v1/score", ONE_JSON)
+            p.codes[f"score {status}"] += 1
+            await asyncio.sleep(0.2)
+        for t in drips:
+            t.cancel()
+        closed = sum(r.at_eof() for r, _ in conns)
+        for _, w in conns:
+            w.close()
+        p.outcome = (f"{len(conns):,} opened, {closed:,} closed by the server; from 127.0.0.1 "
+                     f"meanwhile {dict(p.codes)}, /v1/health p99 {ms(health, .99)} ms")
+
+
+async def http_json_numbers(s: Server, args: argparse.Namespace) -> None:
+    """JSON numbers past every range, in a weight, a count and an OpenRLHF label: each a 400."""
+    nli = {"response": "Paris is big.", "answer": "Paris", "preference": "big"}
+    item = json.dumps({"id": "w", "weighted": {"parts": [{"weight": "N", "nli_constraints": nli}]}})
+    label = json.dumps({"id": "w", "weighted": {"parts": [{"weight": "N", "nli_constraints": {
+        "answer": "Paris", "preference": "big"}}]}})
+    cases = []
+    for number in ("9" * 4_300, "9" * 4_301, "9" * 100_000, "1e999", "-1e999", "1" + "0" * 400):
+        cases.append(("/v1/score", '{"items": [' + item.replace('"N"', number) + "]}"))
+        cases.append(("/openrlhf/reward", json.dumps({"query": ["q r"], "prompts": ["q"],
+                                                      "labels": [label.replace('"N"', number)]})))
+        cases.append(("/v1/induce_rubrics", '{"history": [{"text": "t"}], "num_samples": '
+                      + number + "}"))
+    async with phase(s, f"P. HTTP: {len(cases)} bodies with JSON numbers past every range "
+                        "(4,300+ digits, 1e999)") as p:
+        for path, body in cases:
+            status, _ = await _http(s.http_port, path, body.encode())
+            p.codes[str(status)] += 1
+            p.internal += status == 500
+        p.outcome = f"{dict(p.codes)} (400 each is right)"

@@ -209,13 +209,19 @@ class RawH2:
                 for _ in range(64):  # 1 MiB a write
                     self._writer.write(frame)
                     sent += len(payload)
-                await self._writer.drain()
+                try:  # the server may stop reading: then it takes nothing more
+                    await asyncio.wait_for(self._writer.drain(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    break
                 if self._reader.at_eof():
                     break
-                with contextlib.suppress(TimeoutError):
-                    got = await asyncio.wait_for(self._reader.read(65536), 0.0001)
-                    if not got:
+                while True:  # read what the server sent (else it stops reading, paused)
+                    try:
+                        got = await asyncio.wait_for(self._reader.read(1 << 20), 0.0001)
+                    except TimeoutError:
                         break
+                    if not got:
+                        raise ConnectionResetError
                     buffered = self._scan_goaway(buffered + got)
         except ConnectionError:
             pass

@@ -41,7 +41,16 @@ import time
 
 import _faultkit as kit
 import grpc
-from _attacks import trainer_load
+from _attacks import (
+    continuation_flood,
+    gzip_bombs,
+    http_json_numbers,
+    http_slow_bodies,
+    lockout,
+    parked_calls,
+    rapid_reset,
+    trainer_load,
+)
 from _faultkit import (
     AUTH,
     ONE_ITEM,
@@ -580,6 +589,17 @@ def admission_limit(target: str) -> int:
     return int(settings[key])
 
 
+async def issue51_attacks(s: Server, args: argparse.Namespace) -> None:
+    """Issue 51's attacks, in the order least likely to leave state behind for the next."""
+    await http_json_numbers(s, args)
+    await gzip_bombs(s, args)
+    await rapid_reset(s, args)
+    await continuation_flood(s, args)
+    await http_slow_bodies(s, args)
+    await parked_calls(s, args)
+    await lockout(s, args)
+
+
 async def run(args: argparse.Namespace) -> None:
     common = [f"server.auth_token={TOKEN}", "server.drain_delay_s=0"]
     if args.tuned:
@@ -611,6 +631,8 @@ async def run(args: argparse.Namespace) -> None:
         elif args.only == "memory":
             await empty_items(s, caller)
             await big_requests(s, caller)
+        elif args.only == "issue51":
+            await issue51_attacks(s, args)
         elif args.only == "small":
             await many_small_calls(s, caller, args)
             await pending_burst(s)
@@ -647,6 +669,7 @@ async def run(args: argparse.Namespace) -> None:
     await non_reading(s, args)
     await big_requests(s, caller)
     overloads = await overload(s, caller, std, args)
+    await issue51_attacks(s, args)
     fuzz_codes = await fuzz(s, caller, args.fuzz)
     await codes(s, caller)
     await caller.close()
@@ -656,6 +679,8 @@ async def run(args: argparse.Namespace) -> None:
     await engine_bug_and_health(args)
     print("server 3 (defaults): drain under load", flush=True)
     rc, cancelled = await drain(args)
+    print("servers 4 and 5 (defaults, and admission off): a trainer's load, interleaved", flush=True)
+    trainer_rows = await trainer_load(common, args)
 
     print_table()
     health_p99 = max((pct(p.health, .99) for p in ROWS if p.health), default=float("nan"))
@@ -689,6 +714,16 @@ async def run(args: argparse.Namespace) -> None:
         print(f"- RSS with 30 non-reading clients ({p.name[2:].split(': ', 1)[1]}): "
               f"{p.rss[0]:.0f} -> peak {p.rss[1]:.0f} -> {p.rss[2]:.0f} MB (+{p.rss[1] - p.rss[0]:.0f} MB)")
     print(f"- drain: {cancelled} CANCELLED, exit code {rc}")
+    issue51 = [p for p in ROWS if p.name[:2] in ("J.", "K.", "L.", "M.", "N.", "O.", "P.")]
+    for p in issue51:
+        rss = f"{100 * (p.rss[2] / p.rss[0] - 1):+.1f} %" if p.rss else "n/a"
+        print(f"- {p.name.split(' ', 1)[0]} health p99 {ms(p.health, .99)} ms (<= 100), the "
+              f"well-behaved client lost {p.victim.get('lost', 0)} (0), RSS after {rss} "
+              f"(within 10 %), INTERNAL {p.internal}")
+    print()
+    print("A trainer's load (issue 51): OK items/s at the default admission >= 0.95x admission "
+          "off, no refusal")
+    print("\n".join(trainer_rows))
     print(f"- INTERNAL from the fuzzed requests: {fuzz_codes.get('INTERNAL', 0)} "
           f"(of {sum(fuzz_codes.values())}: {dict(fuzz_codes)})")
 
@@ -726,8 +761,12 @@ def main() -> None:
                     help="seconds each trainer-load cell is counted (after 1 s of warm-up)")
     ap.add_argument("--trainer-loops", type=int, nargs="+", default=[256, 1024],
                     help="closed loops of 1-item calls in the trainer-load rows")
+    ap.add_argument("--attack-seconds", type=float, default=20.0,
+                    help="how long each of issue 51's attacks (J-O) goes on")
+    ap.add_argument("--lockout-connections", type=int, default=8300,
+                    help="connections of attack M (server.max_connections is 8,192)")
     ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small",
-                                       "trainer"],
+                                       "trainer", "issue51"],
                     help="run only the baselines and one class: the overload (4), attack B "
                     "(streams), B and then C (connections), the large requests (3a-3d), attack A "
                     "and then 3a-3d (memory: the large messages whose RSS stays), or the 1,024 "

@@ -284,7 +284,7 @@ class ConnectionGuard:
         unread_now: dict[Conn, int] = {}
         for s in sockets:
             received[s.conn] = s.received
-            new = s.received - self._received.get(s.conn, s.received) - self._seen[s.conn]
+            new = s.received - self._received.get(s.conn, 0) - self._seen[s.conn]
             unread = unread_now[s.conn] = max(0, self._unread.get(s.conn, 0) + new)
             if unread > self.max_unread:
                 closing.setdefault(s.conn, (s, f"{unread / 2**20:.0f} MiB received that were "
