@@ -15,7 +15,8 @@ cancels its calls and frees it, as if the peer had gone. It closes:
 * a connection that keeps more than half of ``server.max_concurrent_streams`` calls waiting for
   their request for two looks in a row (parked half-open calls); and calls of a peer that has
   :data:`MAX_WAITING_PER_PEER` calls waiting already are refused at once, so that memory stays
-  bounded;
+  bounded, and the connection of such a call closed at once if it keeps
+  :data:`WAITING_TO_CLOSE` of them;
 * a connection that sent more bytes that did not become request messages than one request may
   have (``server.max_message_bytes``) plus :data:`UNREAD_SLACK_BYTES` (a CONTINUATION flood: a
   header block that never ends, which gRPC core reads and drops without end), from the kernel's
@@ -46,7 +47,8 @@ logger = logging.getLogger(__name__)
 
 MAX_EARLY_RESETS = 256  # calls reset before their request, per connection and RESET_WINDOW_S
 RESET_WINDOW_S = 10.0
-MAX_WAITING_PER_PEER = 1024  # calls of one address waiting for their request at once
+MAX_WAITING_PER_PEER = 1024  # calls of one address waiting for their request at once; past
+WAITING_TO_CLOSE = 8  # it, a connection of that address with this many waiting is closed at once
 UNREAD_SLACK_BYTES = 16 * 1024 * 1024  # past one request, before a connection counts as flooding
 CALL_OVERHEAD_BYTES = 16 * 1024  # a call's headers, framing and window updates, generously
 _TCP_INFO_BYTES = 232
@@ -174,10 +176,13 @@ class ConnectionGuard:
         if conn is None:
             return None
         self._seen[conn] += CALL_OVERHEAD_BYTES
-        if self._waiting_by_host[conn[0]] >= MAX_WAITING_PER_PEER:
-            return (f"{MAX_WAITING_PER_PEER} calls from {conn[0]} wait for their request "
-                    "message already; send each call's request with its headers")
-        return None
+        if self._waiting_by_host[conn[0]] < MAX_WAITING_PER_PEER:
+            return None
+        if self._waiting[conn] >= WAITING_TO_CLOSE:  # one of the connections keeping them
+            self._close_now(conn, f"{self._waiting[conn]} calls wait for their request "
+                                  f"message, and {MAX_WAITING_PER_PEER} from {conn[0]}", "waiting")
+        return (f"{MAX_WAITING_PER_PEER} calls from {conn[0]} wait for their request message "
+                "already; send each call's request with its headers")
 
     def reading(self, conn: Conn | None) -> None:
         """A call on ``conn`` reads its request, which has not arrived (admitted calls only:
