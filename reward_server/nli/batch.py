@@ -96,7 +96,7 @@ class QueryBatch:
                 self._plans[(p, h)] = ([NLIPair(premise, hyp)], False)
                 continue
             windows = pack_windows(p.kept, [texts[u] for u in p.kept], budget)
-            pairs = [NLIPair(p.render(" ".join(w)), hyp) for w in windows]
+            pairs = [NLIPair(p.render(p.join(w)), hyp) for w in windows]
             self._plans[(p, h)] = (pairs, len(pairs) > 1)
 
     async def run(self) -> None:

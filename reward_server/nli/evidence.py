@@ -15,12 +15,17 @@ found non-critical stays removed for the later ablations; the hypothesis side ta
 when the hypothesis entails itself, ``f(H, H) > tau`` (a one-sentence hypothesis is critical
 without that check, as in the released code). Pairs are read the same way in both modes.
 
+Two readings follow the released code by default (``nli.pair_rule``, ``nli.no_critical``):
+a pair restores entailment when ``f(P \\ {p}, H \\ {h}) >= tau`` (``gt``: ``> tau``, Algorithm 2), and
+a side with no critical unit reports the whole text, every unit, as critical (the released
+``get_critical_premise`` / ``get_critical_hypothesis`` return ``[text]``; ``none``: no unit).
+
 Empty sides (see :mod:`reward_server.nli.text`): an empty premise scores 0, so a one-sentence
 premise is critical whenever it entails at all, and a one-sentence hypothesis is always critical;
 an empty hypothesis is a tautology, so with a one-sentence hypothesis every critical premise unit
 whose removal breaks entailment pairs with it. None of these take an engine call. Every
 comparison is strict (``> tau`` holds, ``<= tau`` breaks): a score of exactly ``tau`` does not
-entail.
+entail (but the pair restoration under ``pair_rule=ge``).
 
 Algorithm 1 needs ``1 + m + n + m*n`` queries at most per constraint; they are all planned up
 front (the ``m*n`` second-order candidates too, so that the whole request is one engine pass).
@@ -58,6 +63,8 @@ class EvidencePlan:
     hypothesis: Side
     tau: float
     cumulative: bool = False
+    pair_ge: bool = False  # a pair restores entailment at >= tau (released), not > tau
+    whole_text: bool = False  # no critical unit on a side: every unit is (released)
     _pruning: dict[SideName, _Pruning] = field(default_factory=dict)
 
     @property
@@ -118,6 +125,13 @@ class EvidencePlan:
             state.critical.append(k)
 
     def _critical(self, batch: QueryBatch) -> tuple[list[int], list[int]]:
+        critical_p, critical_h = self._critical_units(batch)
+        if self.whole_text:  # released: the text itself when nothing is critical
+            critical_p = critical_p or list(range(self.m))
+            critical_h = critical_h or list(range(self.n))
+        return critical_p, critical_h
+
+    def _critical_units(self, batch: QueryBatch) -> tuple[list[int], list[int]]:
         p, h, tau = self.premise, self.hypothesis, self.tau
         if self.cumulative:
             prem = self._pruning.get("premise")
@@ -143,7 +157,8 @@ class EvidencePlan:
                 continue  # Algorithm 2's guard (only reachable in cumulative mode)
             for j in critical_h:
                 h_rest = h.without(j)
-                restored = h_rest.empty or batch.get(p.without(i), h_rest).score > tau
+                score = 1.0 if h_rest.empty else batch.get(p.without(i), h_rest).score
+                restored = score >= tau if self.pair_ge else score > tau
                 if restored:
                     pairs.append(EvidencePair(i, j))
         return ConstraintEvidence(

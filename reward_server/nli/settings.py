@@ -50,6 +50,28 @@ class NLISettings(BaseModel):
         description="Critical premise units: remove one sentence from the full premise "
         "(Algorithm 1) or prune cumulatively (released code).",
     )
+    sentence_split: Literal["released", "pysbd-v1"] = Field(
+        "released", description="Sentence units of the evidence and of windows: released = "
+        "the released code's re.split on '.', each piece stripped, empty pieces dropped, kept "
+        "units joined by '. '; pysbd-v1 = pysbd's sentences joined by a space (before issue 52)."
+    )
+    pair_rule: Literal["ge", "gt"] = Field(
+        "ge", description="An evidence pair (p, h) restores entailment when f(P without p, H "
+        "without h) >= tau (ge, the released code's reading) or > tau (gt, the paper's "
+        "Algorithm 2 and every other comparison here; before issue 52)."
+    )
+    no_critical: Literal["whole-text", "none"] = Field(
+        "whole-text", description="When no unit of a side is critical: whole-text = the whole "
+        "text is reported as critical (every unit), as the released code returns the text itself "
+        "(so a one-sentence premise is critical even when the constraint fails); none = no "
+        "critical unit (before issue 52)."
+    )
+    empty_text: Literal["released", "zero"] = Field(
+        "released", description="An empty (or blank) response, answer or preference: released "
+        "= rendered into its template and scored like any text (the released code scores "
+        "'The answer is .'; only a blank rendered side scores 0); zero = 0 without an engine "
+        "call (before issue 52)."
+    )
     default_reward_function: NliRewardFunction = Field(
         NliRewardFunction.REGIME, description="nli_constraints reward when the item names none."
     )

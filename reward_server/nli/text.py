@@ -6,12 +6,17 @@ How ablated texts are wrapped by the templates (our documented choice):
   ``correct_template`` / ``aligned_template`` rendered with the answer / preference.
 * Units are the sentences of the *filled-in text* (response, answer, preference), never of the
   rendered template: the template words are scaffolding, not propositions.
-* An ablated side is the template re-rendered with the remaining sentences joined by one space.
+* Sentences (``nli.sentence_split``): ``released`` = the released code's ``re.split(r'[.]')``,
+  pieces stripped, empty ones dropped (the units carry no full stop); ``pysbd-v1`` = pysbd.
+* An ablated side is the template re-rendered with the remaining sentences joined as the split
+  joins them (released: ``". "``, as ``get_critical_premise`` does; pysbd-v1: one space).
   The unablated side is rendered with the original text untouched, so the main score is exactly
   the released code's pair ``("The answer is {response}.",
   "The content of the answer is about {answer}.")``.
 * A side with no sentence left is *empty*: as a premise it entails nothing (score 0, no engine
   call); as a hypothesis it is the empty conjunction, a tautology (entailment restored, no call).
+  An unablated side whose text is blank is empty too with ``nli.empty_text=zero``; with
+  ``released`` it is rendered (``"The answer is ."``) and empty only if that rendering is blank.
 """
 
 from __future__ import annotations
@@ -20,11 +25,23 @@ import functools
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
 _FALLBACK_SPLIT = re.compile(r"(?<=[.!?])\s+|\n\s*\n+")
+_RELEASED_SPLIT = re.compile(r"[.]")
+SentenceSplit = Literal["released", "pysbd-v1"]
+
+
+@functools.lru_cache(maxsize=8192)
+def released_split(text: str) -> tuple[str, ...]:
+    """The released code's units: ``[s.strip() for s in re.split(r'[.]', text) if s.strip()]``."""
+    return tuple(s for s in (p.strip() for p in _RELEASED_SPLIT.split(text)) if s)
+
+
+def units_of(text: str, split: SentenceSplit) -> tuple[str, ...]:
+    return released_split(text) if split == "released" else split_sentences(text)
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,24 +77,29 @@ def split_sentences(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Side:
-    """One side of an NLI query: a template, the text it wraps, its sentences, what is removed."""
+    """One side of an NLI query: a template, the text it wraps, its sentences, what is removed.
+    ``split``: how sentences are cut and joined; ``score_blank``: an unablated blank text is
+    rendered and scored (``nli.empty_text=released``) rather than empty."""
 
     template: str
     field: str
     text: str
     removed: frozenset[int] = frozenset()
+    split: SentenceSplit = "released"
+    score_blank: bool = True
 
     @classmethod
-    def of(cls, template: str, field: str, text: str) -> Side:
-        return cls(template, field, text)
+    def of(cls, template: str, field: str, text: str, *, split: SentenceSplit = "released",
+           score_blank: bool = True) -> Side:  # fmt: skip
+        return cls(template, field, text, split=split, score_blank=score_blank)
 
     @property
     def units(self) -> tuple[str, ...]:
         """Sentences of ``text``; split only when asked (evidence, windows), never for a plain score."""
-        return split_sentences(self.text)
+        return units_of(self.text, self.split)
 
     def without(self, *indices: int) -> Side:
-        return Side(self.template, self.field, self.text, self.removed | set(indices))
+        return Side(self.template, self.field, self.text, self.removed | set(indices), self.split, self.score_blank)
 
     @property
     def kept(self) -> tuple[str, ...]:
@@ -86,11 +108,17 @@ class Side:
     @property
     def empty(self) -> bool:
         if not self.removed:  # nothing ablated: no need to split
+            if self.score_blank:  # released: only a blank rendering scores 0
+                return not self.render().strip()
             return not self.text.strip()
         return not self.kept
 
+    def join(self, units: tuple[str, ...] | list[str]) -> str:
+        """Units back into a text, as the split joins them."""
+        return (". " if self.split == "released" else " ").join(units)
+
     def body(self) -> str:
-        return self.text if not self.removed else " ".join(self.kept)
+        return self.text if not self.removed else self.join(self.kept)
 
     def render(self, body: str | None = None) -> str:
         return self.template.format(**{self.field: self.body() if body is None else body})

@@ -2,7 +2,8 @@
 
 ``S_c = f("The answer is {response}.", "The content of the answer is about {answer}.")`` and
 ``S_a`` the same with the preference (templates from :class:`NLISettings`); an empty response,
-answer or preference scores 0 without an engine call. Every NLI query of a call (both constraints,
+answer or preference is rendered and scored as the released code does (``nli.empty_text``;
+``zero``: 0 without an engine call). Every NLI query of a call (both constraints,
 every item, every ablation) goes to the engine in one batched pass; only
 ``evidence_mode="cumulative"`` needs more passes (one per sentence position).
 """
@@ -88,10 +89,11 @@ def components_of(v: Verification, settings: NLISettings, *, windowed: bool) -> 
 
 
 def _sides(settings: NLISettings, item: VerifyInput) -> tuple[Side, Side, Side]:
+    split, blank = settings.sentence_split, settings.empty_text == "released"
     return (
-        Side.of(settings.premise_template, "response", item.response),
-        Side.of(settings.correct_template, "answer", item.answer),
-        Side.of(settings.aligned_template, "preference", item.preference),
+        Side.of(settings.premise_template, "response", item.response, split=split, score_blank=blank),
+        Side.of(settings.correct_template, "answer", item.answer, split=split, score_blank=blank),
+        Side.of(settings.aligned_template, "preference", item.preference, split=split, score_blank=blank),
     )
 
 
@@ -106,10 +108,13 @@ async def _verify_many(
         batch.add(p, hc)
         batch.add(p, ha)
         if evidence:
+            pair_ge, whole = settings.pair_rule == "ge", settings.no_critical == "whole-text"
             pair = (
-                EvidencePlan("correct", p, hc, settings.threshold, cumulative=cumulative),
-                EvidencePlan("aligned", p, ha, settings.threshold, cumulative=cumulative),
-            )
+                EvidencePlan("correct", p, hc, settings.threshold, cumulative=cumulative, pair_ge=pair_ge,
+                             whole_text=whole),
+                EvidencePlan("aligned", p, ha, settings.threshold, cumulative=cumulative, pair_ge=pair_ge,
+                             whole_text=whole),
+            )  # fmt: skip
             plans.append(pair)
             for pl in pair:
                 batch.add_all(pl.queries())
@@ -179,4 +184,8 @@ def template_versions(settings: NLISettings) -> dict[str, str]:
         "nli.templates_sha256": digest,
         "nli.long_premise": settings.long_premise,
         "nli.evidence_mode": settings.evidence_mode,
+        "nli.sentence_split": settings.sentence_split,
+        "nli.pair_rule": settings.pair_rule,
+        "nli.no_critical": settings.no_critical,
+        "nli.empty_text": settings.empty_text,
     }

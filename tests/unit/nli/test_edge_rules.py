@@ -1,5 +1,7 @@
-"""The documented edge rules of NLICV (docs/nlicv.md §6): empty sides, ties at exactly tau, and the
-f(H, H) > tau check of cumulative evidence.
+"""The documented edge rules of NLICV (docs/nlicv.md §5): empty sides, ties at exactly tau, and the
+f(H, H) > tau check of cumulative evidence. ``SETTINGS`` are the readings before issue 52
+(pysbd sentences, pairs at > tau, no critical unit as none, an empty text scoring 0); the released
+defaults are pinned beside them, each where it differs.
 
 ``ScriptedNLI`` is FakeNLI (content-word inclusion) with some rendered pairs given fixed scores,
 so a test can put a score exactly at tau, or make a hypothesis fail to entail itself.
@@ -14,7 +16,8 @@ from reward_server.backends.fake import FakeNLI
 from reward_server.domain import EvidencePair, NliConstraintsSpec, NliRewardFunction, Regime
 from reward_server.nli import NLISettings, nli_constraints_reward, verify
 
-SETTINGS = NLISettings()
+SETTINGS = NLISettings(sentence_split="pysbd-v1", pair_rule="gt", no_critical="none", empty_text="zero")
+RELEASED = NLISettings()
 TAU = SETTINGS.threshold
 
 
@@ -90,16 +93,33 @@ async def test_restoration_to_exactly_tau_is_no_pair() -> None:
     assert v.evidence[0].pairs == (EvidencePair(1, 1),)
 
 
+async def test_restoration_to_exactly_tau_is_a_pair_as_released() -> None:
+    """The released pair reading is interaction_matrix[...] >= critical_threshold: a restoration
+    to exactly tau is a pair (nli.pair_rule=ge, the default). Units as the released split cuts
+    them: no full stops, ablated sides joined by ". "."""
+    response, answer = "Paris has museums. The weather is mild.", "Paris museums. Mild weather."
+    nli = ScriptedNLI({(premise("The weather is mild"), correct("Mild weather")): TAU})
+    v = await verify(nli, response=response, answer=answer, preference="x", evidence=True, settings=RELEASED)
+    assert v.evidence[0].pairs == (EvidencePair(0, 0), EvidencePair(1, 1))
+    gt = await verify(nli, response=response, answer=answer, preference="x", evidence=True,
+                      settings=RELEASED.model_copy(update={"pair_rule": "gt"}))
+    assert gt.evidence[0].pairs == (EvidencePair(1, 1),)
+
+
 async def test_cumulative_hypothesis_needs_self_entailment() -> None:
     # Redundant answer sentences: cumulative pruning finds h1 critical (test_evidence.py). When
     # the hypothesis does not entail itself, f(H, H) <= tau, the released code prunes nothing
     # and no hypothesis unit is critical; Algorithm 1 has no such check.
     response, answer = "Paris has museums. Rivers flow.", "Paris museums. Museums in Paris."
-    cumulative = NLISettings(evidence_mode="cumulative")
+    cumulative = SETTINGS.model_copy(update={"evidence_mode": "cumulative"})
     nli = ScriptedNLI({(correct(answer), correct(answer)): TAU})
     v = await verify(nli, response=response, answer=answer, preference="rivers", evidence=True, settings=cumulative)
     assert NLIPair(correct(answer), correct(answer)) in nli.pairs  # f(H, H) was asked
     assert v.evidence[0].critical_hypothesis == ()
+    # the released get_critical_hypothesis then returns [hypothesis]: the whole text (default)
+    whole = await verify(nli, response=response, answer=answer, preference="rivers", evidence=True,
+                         settings=RELEASED.model_copy(update={"evidence_mode": "cumulative"}))
+    assert whole.evidence[0].critical_hypothesis == (0, 1)
     assert v.evidence[0].critical_premise == (0,)  # the premise side does not depend on it
     ok = await verify(ScriptedNLI({}), response=response, answer=answer, preference="rivers", evidence=True,
                       settings=cumulative)
@@ -140,3 +160,19 @@ async def test_empty_response_answer_preference() -> None:
     )
     assert out.reward == SETTINGS.regime_rewards["failure"] and out.components["regime.failure"] == 1.0
     assert nli.pairs == []
+
+
+async def test_empty_response_is_scored_as_released() -> None:
+    """The released code scores the rendered "The answer is ." like any premise (an NLI model
+    can find it entailing); only a blank rendered side scores 0 there. Default
+    nli.empty_text=released; zero (above) skips the engine."""
+    hyp = correct("Paris")
+    nli = ScriptedNLI({(premise(""), hyp): 0.7, (premise(" "), hyp): 0.6})
+    v = await verify(nli, response="", answer="Paris", preference="museums", evidence=False, settings=RELEASED)
+    assert NLIPair("The answer is .", hyp) in nli.pairs
+    assert v.s_correct == 0.7 and v.regime is Regime.GENERALIZATION
+    blank = await verify(nli, response=" ", answer="Paris", preference="museums", evidence=True, settings=RELEASED)
+    assert blank.s_correct == 0.6 and blank.evidence[0].premise_units == ()
+    bare = RELEASED.model_copy(update={"premise_template": "{response}"})  # renders blank: 0, as released
+    none = await verify(ScriptedNLI({}), response=" ", answer="Paris", preference="m", evidence=False, settings=bare)
+    assert none.s_correct == 0.0
