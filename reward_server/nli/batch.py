@@ -79,7 +79,7 @@ class QueryBatch:
             return
         texts: dict[str, int] = {}
         for p, h in pending:
-            for t in (p.render(), h.render(), p.render(""), *p.kept):
+            for t in (p.render(), h.render(), p.render(""), *(p.measured(u) for u in p.kept)):
                 texts.setdefault(t, 0)
         keys = list(texts)
         for t, n in zip(keys, await self._nli.token_counts(keys), strict=True):
@@ -95,7 +95,7 @@ class QueryBatch:
                 logger.warning("hypothesis leaves no room for a premise window; truncating")
                 self._plans[(p, h)] = ([NLIPair(premise, hyp)], False)
                 continue
-            windows = pack_windows(p.kept, [texts[u] for u in p.kept], budget)
+            windows = pack_windows(p.kept, [texts[p.measured(u)] for u in p.kept], budget)
             pairs = [NLIPair(p.render(p.join(w)), hyp) for w in windows]
             self._plans[(p, h)] = (pairs, len(pairs) > 1)
 

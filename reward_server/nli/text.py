@@ -113,6 +113,10 @@ class Side:
             return not self.text.strip()
         return not self.kept
 
+    def measured(self, unit: str) -> str:
+        """What one unit takes in a joined text, for packing windows (its full stop, released)."""
+        return unit + "." if self.split == "released" else unit
+
     def join(self, units: tuple[str, ...] | list[str]) -> str:
         """Units back into a text, as the split joins them."""
         return (". " if self.split == "released" else " ").join(units)
