@@ -30,6 +30,7 @@ def test_paper_hyperparameters_land_in_verls_config(parl_config) -> None:
     assert (a.use_kl_loss, a.kl_loss_coef, a.kl_loss_type) == (True, 0.001, "low_var_kl")
     assert a.clip_ratio == 0.2
     assert (r.n, r.temperature, r.top_p) == (5, 0.6, 0.95)
+    assert r.top_k == 20  # PARL's released configs (recipe/parl/config/*_parl_*.yaml); verl's default is -1
     assert c.trainer.total_epochs == 4
     # our pieces, by package path (one module per verl process, not a file exec'd per worker)
     assert c.reward.custom_reward_function.path == "pkg://reward_server.integrations.verl"
