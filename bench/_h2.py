@@ -319,7 +319,9 @@ class RawH2:
         return bool(poll.poll(0))
 
     async def close(self) -> None:
-        self._writer.close()
+        """Drop the connection (what is still buffered to send is dropped too: a peer that
+        stopped reading would otherwise hold the close until it gave up)."""
+        self._writer.transport.abort()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
 

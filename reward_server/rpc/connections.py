@@ -232,18 +232,13 @@ class ConnectionGuard:
             return
         self._closing.add(conn)
 
-        def close() -> bool:
+        def close() -> None:
             for s in scan(self.port):
-                if s.conn == conn:
-                    return shut(s.fd, self.port, conn)
-            return False
+                if s.conn == conn and shut(s.fd, self.port, conn):
+                    self._log_close(conn, why, reason)
 
-        def done(fut: asyncio.Future[bool]) -> None:
-            self._closing.discard(conn)
-            if not fut.cancelled() and fut.exception() is None and fut.result():
-                self._log_close(conn, why, reason)
-
-        asyncio.get_running_loop().run_in_executor(None, close).add_done_callback(done)
+        future = asyncio.get_running_loop().run_in_executor(None, close)
+        future.add_done_callback(lambda _f: self._closing.discard(conn))
 
     def _log_close(self, conn: Conn, why: str, reason: str) -> None:
         self.closed[reason] += 1
@@ -260,15 +255,16 @@ class ConnectionGuard:
                 sockets = await asyncio.to_thread(scan, self.port)
                 closing = self._judge(sockets)
                 if closing:
-                    done = await asyncio.to_thread(self._shut_all, closing)
-                    for (s, why, reason), ok in zip(closing, done, strict=True):
-                        if ok:
-                            self._log_close(s.conn, why, reason)
+                    await asyncio.to_thread(self._shut_all, closing)
             except Exception:  # never let the watch die; the next look tries again
                 logger.exception("looking at the connections failed")
 
-    def _shut_all(self, closing: list[tuple[_Socket, str, str]]) -> list[bool]:
-        return [shut(s.fd, self.port, s.conn) for s, _, _ in closing]
+    def _shut_all(self, closing: list[tuple[_Socket, str, str]]) -> None:
+        """Shut each down and count it (in the worker thread: a server stopping meanwhile
+        cancels the wait for it, not the count)."""
+        for s, why, reason in closing:
+            if shut(s.fd, self.port, s.conn):
+                self._log_close(s.conn, why, reason)
 
     def _judge(self, sockets: list[_Socket]) -> list[tuple[_Socket, str, str]]:
         """The connections to close now, and the port's state for health."""
