@@ -271,6 +271,9 @@ class RewardServicer:
                     raise BackendUnavailable(
                         "an engine call was cancelled before it answered; retry the call"
                     ) from None
+            except asyncio.CancelledError:  # the client went away (or reset the call)
+                code_name = "CANCELLED"
+                raise
             except Exception as exc:  # mapped to a status by the transport; never a reward
                 code = status_for(exc)
                 code_name = code.name
