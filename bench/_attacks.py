@@ -36,6 +36,7 @@ from _faultkit import (
     statuses,
 )
 from _h2 import RawH2, closed_by_peer, gzip_bomb, idle_socket
+from _workload import proc_cpu_s
 
 ATTACKER = "127.0.0.2"
 ONE_JSON = json.dumps({"items": [{"id": "a", "nli_constraints": {
@@ -110,6 +111,7 @@ async def trainer_load(common: list[str], args: argparse.Namespace) -> list[str]
                                        args.engine_latency)}
     cells = [(door, loops) for loops in args.trainer_loops for door in ("grpc", "http")]
     ok: dict[tuple[str, int, str], list[float]] = collections.defaultdict(list)
+    cpu: dict[tuple[str, int, str], list[float]] = collections.defaultdict(list)  # ms per item
     other: dict[tuple[str, int, str], collections.Counter[str]] = collections.defaultdict(
         collections.Counter)
     try:
@@ -118,9 +120,13 @@ async def trainer_load(common: list[str], args: argparse.Namespace) -> list[str]
                 names = list(servers) if r % 2 == 0 else list(reversed(servers))
                 for name in names:
                     load = _grpc_load if door == "grpc" else _http_load
+                    pid = servers[name].proc.pid
+                    c0 = proc_cpu_s(pid)  # warm-up included: a little high, alike for both
                     codes = await load(servers[name], loops, args.trainer_seconds)
+                    used = proc_cpu_s(pid) - c0
                     good = codes.pop("OK" if door == "grpc" else "200", 0)
                     ok[(door, loops, name)].append(good / args.trainer_seconds)
+                    cpu[(door, loops, name)].append(1000 * used / max(1, good))
                     other[(door, loops, name)].update(codes)
                     print(f"  trainer load round {r + 1}: {door} x{loops} {name}: "
                           f"{good / args.trainer_seconds:,.0f} OK items/s, other {dict(codes)}",
@@ -129,14 +135,17 @@ async def trainer_load(common: list[str], args: argparse.Namespace) -> list[str]
         for s in servers.values():
             s.stop()
     rows = ["| door | callers | OK items/s, default admission | OK items/s, admission off | "
-            "ratio (median [range], rounds paired) | default: refused / other | off: other |",
-            "|---|---|---|---|---|---|---|"]
+            "ratio (median [range], rounds paired) | server CPU ms/item, default / off "
+            "(median) | default: refused / other | off: other |",
+            "|---|---|---|---|---|---|---|---|"]
     for door, loops in cells:
         on, off = ok[(door, loops, "default")], ok[(door, loops, "admission off")]
         ratios = [a / b for a, b in zip(on, off, strict=True) if b]
         refused = {k: v for k, v in other[(door, loops, "default")].items()}
         rows.append(f"| {door} | {loops} | {_spread(on)} | {_spread(off)} | "
                     f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] | "
+                    f"{statistics.median(cpu[(door, loops, 'default')]):.2f} / "
+                    f"{statistics.median(cpu[(door, loops, 'admission off')]):.2f} | "
                     f"{refused or 0} | {dict(other[(door, loops, 'admission off')]) or 0} |")
     return rows
 
