@@ -165,9 +165,15 @@ def set_admission_limits(judgments: int | None, calls: int | None) -> None:
         LIMITS.labels("calls").set(calls)
 
 
+_REFUSED_CHILDREN: dict[tuple[str, str], Any] = {}  # bounded: limits x stages
+
+
 def observe_refusal(limit: str, stage: str) -> None:
     """One call refused at ``stage`` because the ``limit`` (judgments, bytes) was full."""
-    REFUSED.labels(limit, stage).inc()
+    child = _REFUSED_CHILDREN.get((limit, stage))
+    if child is None:
+        child = _REFUSED_CHILDREN[(limit, stage)] = REFUSED.labels(limit, stage)
+    child.inc()
 
 
 @contextmanager
