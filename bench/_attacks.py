@@ -303,7 +303,7 @@ async def http_slow_bodies(s: Server, args: argparse.Namespace) -> None:
             await asyncio.sleep(0.2)
         for t in drips:
             t.cancel()
-        closed = sum(r.at_eof() for r, _ in conns)
+        closed = sum(closed_by_peer(w.get_extra_info("socket")) for _, w in conns)
         for _, w in conns:
             w.close()
         p.outcome = (f"{len(conns):,} opened, {closed:,} closed by the server; from 127.0.0.1 "

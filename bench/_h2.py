@@ -338,8 +338,10 @@ def idle_socket(port: int, *, source: str | None = None, preface: bool = True) -
     return k
 
 
-def closed_by_peer(k: socket.socket) -> bool:
-    """Whether the server closed socket ``k``, without reading from it."""
+def closed_by_peer(k: socket.socket | None) -> bool:
+    """Whether the server closed socket ``k`` (or it is closed already), without reading."""
+    if k is None or k.fileno() < 0:
+        return True
     poll = select.poll()
-    poll.register(k, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    poll.register(k.fileno(), select.POLLRDHUP | select.POLLHUP | select.POLLERR)
     return bool(poll.poll(0))
