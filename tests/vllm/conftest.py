@@ -173,8 +173,11 @@ PROMPTS: list[JudgePrompt] = [
 TOP_K = 20  # what vLLM and the OpenAI API list at most by default
 
 class NaturalRanks:
-    """Each variant's rank in SmolLM2's full next-token distribution (transformers, fp32): which
-    variants a top-20 list misses."""
+    """Each yes/no spelling's rank in SmolLM2's full next-token distribution (transformers, fp32):
+    which spellings a top-20 list misses (``yes``/``no``: the ids of every single-token spelling,
+    the pooled-v1 read-out's). And the two read-outs computed from those logits, the reference
+    the engines are held to: ``released`` = P(yes) / (P(yes) + P(no)) over the lowercase tokens,
+    ``pooled`` = the same over every spelling (before issue 52)."""
 
     def __init__(self, path: str) -> None:
         import torch
@@ -185,16 +188,29 @@ class NaturalRanks:
         self._torch = torch
         self._tok = AutoTokenizer.from_pretrained(path)
         self._model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.yes, self.no = yes_no_ids(self._tok)
+        self.yes, self.no = yes_no_ids(self._tok, "pooled-v1")
+        self.yes_word, self.no_word = (self._tok.encode(w, add_special_tokens=False)[0] for w in ("yes", "no"))
 
-    def __call__(self, prompt: JudgePrompt) -> dict[int, int]:
+    def logits(self, prompt: JudgePrompt) -> Any:
         from reward_server.backends.yes_no import render_chat
 
         text = render_chat(self._tok, prompt.system, prompt.prefix + prompt.suffix)
         ids = self._tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with self._torch.inference_mode():
-            logits = self._model(ids).logits[0, -1].float()
+            return self._model(ids).logits[0, -1].double()
+
+    def __call__(self, prompt: JudgePrompt) -> dict[int, int]:
+        logits = self.logits(prompt)
         return {i: int((logits > logits[i]).sum()) for i in (*self.yes, *self.no)}
+
+    def released(self, prompt: JudgePrompt) -> float:
+        p = self._torch.softmax(self.logits(prompt), dim=-1)
+        return float(p[self.yes_word] / (p[self.yes_word] + p[self.no_word]))
+
+    def pooled(self, prompt: JudgePrompt) -> float:
+        p = self._torch.softmax(self.logits(prompt), dim=-1)
+        y, n = float(p[self.yes].sum()), float(p[self.no].sum())
+        return y / (y + n)
 
     def side_outside(self, ranks: dict[int, int], side: str, k: int = TOP_K) -> bool:
         return all(ranks[i] >= k for i in (self.yes if side == "yes" else self.no))

@@ -4,12 +4,14 @@ what that server reports: the facts the engine's exactness rests on (docs/parl.m
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
 
+from reward_server.backends.base import JudgePrompt
 from reward_server.backends.openai_judge import OpenAIJudge
 from reward_server.backends.settings import OpenAIJudgeSettings
 from reward_server.backends.yes_no import chat_messages, p_yes_bounds
@@ -100,16 +102,17 @@ def test_what_vllm_server_reports(openai_base_url: str, natural_ranks: NaturalRa
 
 
 async def test_without_vllm_extensions_the_bound_holds(
-    openai_base_url: str, smollm2: str, reference: Any, natural_ranks: NaturalRanks
+    openai_base_url: str, smollm2: str, natural_ranks: NaturalRanks
 ) -> None:
     # The plain OpenAI API's case (top 20, no forcing), on the same server: the engine returns
-    # the midpoint of the interval the listed log-probs allow, and the true value is inside it.
+    # the midpoint of the interval the listed log-probs allow, and the true value is inside it
+    # (pooled-v1: spellings outside the top 20 on every prompt).
     settings = OpenAIJudgeSettings(base_url=openai_base_url, model=MODEL, tokenizer=smollm2,
-                                   vllm_extensions=False, max_p_error=0.5)
+                                   vllm_extensions=False, max_p_error=0.5, p_yes_readout="pooled-v1")
     judge = OpenAIJudge.from_settings(settings)
     got = await judge.p_yes(PROMPTS)
     await judge.close()
-    want = reference.p_yes_sync(PROMPTS, share_prefix=False)
+    want = [natural_ranks.pooled(p) for p in PROMPTS]
     widths = []
     for k, (p, w) in enumerate(zip(got, want, strict=True)):
         _, body = ask(openai_base_url, k, top_logprobs=TOP_K)
@@ -124,3 +127,54 @@ async def test_without_vllm_extensions_the_bound_holds(
         widths.append((hi - lo) / 2)
     dp = max(abs(a - b) for a, b in zip(got, want, strict=True))
     print(f"openai engine without extensions: max |dp| = {dp:.2e}, max half-width {max(widths):.2e}")
+
+
+# --------------------------------------------------------------------- the released read-out
+def released_call(base: str, prompt: JudgePrompt) -> float:
+    """PARL's released evaluate_score, verbatim in what it sends and computes (parl_rm_a.py):
+    a guided choice between "yes" and "no", the top 5 log-probs, keyed by token.lower().strip(),
+    -20 for a missing one."""
+    body = {"model": MODEL, "messages": chat_messages(prompt.system, prompt.prefix + prompt.suffix),
+            "max_tokens": 1, "logprobs": True, "top_logprobs": 5,
+            "structured_outputs": {"choice": ["yes", "no"]}}
+    status, answer = post(base, body)
+    assert status == 200, answer
+    token_probs = {e["token"].lower().strip(): e["logprob"] for e in first(answer)["top_logprobs"]}
+    assert "yes" in token_probs and "no" in token_probs  # the -20 fallback does not fire
+    l_yes, l_no = token_probs.get("yes", -20), token_probs.get("no", -20)
+    m = max(l_yes, l_no)
+    return math.exp(l_yes - m) / (math.exp(l_yes - m) + math.exp(l_no - m))
+
+
+async def test_default_openai_engine_is_the_released_call(
+    openai_base_url: str, smollm2: str, natural_ranks: NaturalRanks
+) -> None:
+    """The default OpenAI engine (logprob_token_ids for "yes" and "no"), the same engine with
+    guided_choice (PARL's request field), PARL's released call itself and the model's logits
+    agree on P(yes) / (P(yes) + P(no)) to 1e-5: vLLM restricts before it reports log-probs, and
+    the restriction cancels in the ratio."""
+    want = [natural_ranks.released(p) for p in PROMPTS]
+    released = [released_call(openai_base_url, p) for p in PROMPTS]
+    default = OpenAIJudge.from_settings(OpenAIJudgeSettings(base_url=openai_base_url, model=MODEL, tokenizer=smollm2))
+    guided = OpenAIJudge.from_settings(OpenAIJudgeSettings(base_url=openai_base_url, model=MODEL, tokenizer=smollm2,
+                                                           guided_choice=True))
+    got, got_guided = await default.p_yes(PROMPTS), await guided.p_yes(PROMPTS)
+    await default.close()
+    await guided.close()
+    for name, values in (("released call", released), ("default engine", got), ("guided_choice", got_guided)):
+        dp = max(abs(a - b) for a, b in zip(values, want, strict=True))
+        print(f"{name}: max |dp| vs the logits = {dp:.2e} over {len(PROMPTS)} prompts")
+        assert dp <= 1e-5, (name, dp)
+
+
+async def test_pooled_v1_on_the_server_reproduces_the_earlier_fold(
+    openai_base_url: str, smollm2: str, natural_ranks: NaturalRanks
+) -> None:
+    settings = OpenAIJudgeSettings(base_url=openai_base_url, model=MODEL, tokenizer=smollm2, p_yes_readout="pooled-v1")
+    judge = OpenAIJudge.from_settings(settings)
+    got = await judge.p_yes(PROMPTS)
+    await judge.close()
+    want = [natural_ranks.pooled(p) for p in PROMPTS]
+    dp = max(abs(a - b) for a, b in zip(got, want, strict=True))
+    print(f"openai engine, pooled-v1: max |dp| vs the logits = {dp:.2e}")
+    assert dp <= 1e-5

@@ -39,6 +39,21 @@ async def test_vllm_judge_equals_transformers_in_and_out_of_top_k(
     assert any(natural_ranks.side_outside(rk, "no") for rk in ranks)
 
 
+async def test_default_readout_is_released_from_the_logits(
+    vllm_server: tuple[RewardApp, Any], natural_ranks: NaturalRanks
+) -> None:
+    """With the default config the vLLM engine's p_yes is P(yes) / (P(yes) + P(no)) over the
+    lowercase tokens, computed from SmolLM2's logits (transformers, fp64 softmax), to 1e-5."""
+    _, judge = vllm_server
+    assert judge.p_yes_readout == "released"
+    got = await judge.p_yes(PROMPTS)
+    want = [natural_ranks.released(p) for p in PROMPTS]
+    dp = max(abs(a - b) for a, b in zip(got, want, strict=True))
+    print(f"vllm engine, released read-out: max |dp| vs the logits = {dp:.2e} over {len(PROMPTS)} prompts")
+    assert dp <= 1e-5
+    assert max(abs(a - natural_ranks.pooled(p)) for a, p in zip(want, PROMPTS, strict=True)) > 1e-2
+
+
 async def test_prefix_cache_serves_a_repeated_text(vllm_server: tuple[RewardApp, Any]) -> None:
     _, judge = vllm_server
     prompts = judge_prompts("Kettle K9, 4 stars", LONG_REVIEW.replace("blender", "kettle"), RULES, d.Task.AMAZON)
