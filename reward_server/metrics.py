@@ -206,9 +206,3 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-
-
-def start_metrics_server(port: int, *, addr: str = "127.0.0.1") -> int:
-    """Serve ``/metrics`` on ``addr:port`` (``port=0`` picks a free one) for the rest of the
-    process; returns the port bound. :class:`MetricsServer` can be closed."""
-    return MetricsServer(port, addr=addr).port

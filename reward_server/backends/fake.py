@@ -48,7 +48,6 @@ STOP_WORDS = frozenset(
 
 _QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _HEADING = re.compile(r"^## .*$", re.MULTILINE)
 _TAGGED = re.compile(r"<([A-Za-z][^<>\n]*)>\n(.*?)\n</\1>", re.DOTALL)
 _OPEN_TAG_AT_END = re.compile(r"<[A-Za-z][^<>/\n]*>\n\Z")
@@ -170,10 +169,6 @@ class FakeJudge:
 
     async def close(self) -> None:
         return None
-
-
-def split_sentences_simple(text: str) -> list[str]:
-    return [s for s in (part.strip() for part in _SENTENCE_END.split(text.strip())) if s]
 
 
 def content_words(text: str) -> set[str]:
