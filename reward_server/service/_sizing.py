@@ -25,9 +25,12 @@ returns to the floor at once. Saturated without refusals it is held where it is.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from reward_server.service._limiter import Window, between
+
+logger = logging.getLogger("reward_server.service.admission")  # where these lines have been
 
 _RATE_EWMA = 0.5  # throughput: quick, so the limit grows within seconds when the engines can
 WINDOW_S = 0.5  # the throughput is measured over windows of this length ...
@@ -187,3 +190,15 @@ def usual_size(usual: float, judgments: int, ewma: float) -> float:
     (7-8 refused: the loops slept on long pushbacks), 316, 360 and 320 with this average."""
     size = float(max(judgments, 1))
     return usual ** (1 - ewma) * size ** ewma if usual else size
+
+
+def log_window(w: Window, now: float, *, rates: Rates, loop_busy: float | None, target_s: float,
+               limits: tuple[tuple[int, int], tuple[int, int]]) -> None:
+    """At DEBUG: a window's calls, refusals, peak, loop load, rates and the limits it left."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "admission window of %.2f s: %d calls, %d judgments, refused or kept waiting %s, "
+            "peak %d judgments, loop busy %s, rates %.0f judgments/s %.0f calls/s, target "
+            "%.1f ms; limits %s -> %s", now - w.start, w.calls, w.judgments, w.short,
+            w.peak_judgments, "?" if loop_busy is None else f"{loop_busy:.2f}",
+            rates.judgments_per_s or 0.0, rates.calls_per_s or 0.0, 1000 * target_s, *limits)

@@ -92,3 +92,25 @@ class WaitingRoom:
     def _remove(self, entry: _Entry) -> None:
         self._heap.remove(entry)
         heapq.heapify(self._heap)
+
+
+Limit = tuple[int, int | None, float | None]  # held now, the limit (None: none), completed per s
+
+
+def predicted_wait(*, ahead: int, calls: Limit, judgments: Limit | None,
+                   usual: int) -> float | None:
+    """Seconds until a call with ``ahead`` calls before it in line (itself included) would be
+    let in: the calls and (for a call with judgments) the usual calls' judgments held and
+    waiting past each limit, over the rate at which they complete. None: a rate is not
+    measured yet."""
+    waits = [0.0]
+    held, limit, rate = calls
+    if limit is not None and rate:
+        waits.append((held + ahead - limit) / rate)
+    if judgments is not None:
+        held, limit, rate = judgments
+        if limit is not None:
+            if not rate:
+                return None
+            waits.append((held + ahead * usual - limit) / rate)
+    return max(waits)

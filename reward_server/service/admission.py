@@ -20,15 +20,9 @@ average), jittered, between 50 ms and 5 s, and later when many were refused befo
 line paced by the calls completing (:class:`~reward_server.service._limiter.RetryLine`). With
 ``max_waiting`` 0 there is no line: a call that does not fit is refused at once.
 
-**The limits can follow the engines** (``adaptive``, off by default): the judgment limit is the
-measured throughput times the latency target (``target_p99_s``; None: twice the latency of a
-usual call admitted alone, measured per call size:
-:class:`~reward_server.service._limiter.AloneLatency`) by Little's law, the call limit the same
-with calls per second, each between a floor (one full batch of every engine the calls use:
-:func:`~reward_server.service._sizing.mix_floor`; a few calls) and the configured caps,
-resized every :data:`~reward_server.service._sizing.WINDOW_S` by :mod:`reward_server.service._sizing`
-(which also says when the judgment limit sheds under its floor: a saturated event loop that
-refuses calls).
+**The limits can follow the engines** (``adaptive``, off by default): by Little's law, the
+measured throughput times a latency target, between a floor and the caps, resized every
+:data:`~reward_server.service._sizing.WINDOW_S` (:mod:`reward_server.service._sizing`).
 
 The transport asks in three steps, each before the heavier work that follows it (see
 :mod:`reward_server.service._ticket`).
@@ -45,9 +39,18 @@ from collections.abc import Callable
 from reward_server import cooperative, metrics
 from reward_server.errors import Overloaded
 from reward_server.service._limiter import AloneLatency, LoopLoad, RetryLine, Window
-from reward_server.service._sizing import LARGE_BODY, WINDOW_S, Range, Rates, mix_floor, new_limits, usual_size
+from reward_server.service._sizing import (
+    LARGE_BODY,
+    WINDOW_S,
+    Range,
+    Rates,
+    log_window,
+    mix_floor,
+    new_limits,
+    usual_size,
+)
 from reward_server.service._ticket import Ticket
-from reward_server.service._waiting import WaitingRoom
+from reward_server.service._waiting import WaitingRoom, predicted_wait
 from reward_server.service.settings import AdmissionSettings
 
 __all__ = ["Admission", "Ticket"]
@@ -157,11 +160,8 @@ class Admission:
     def retry_after_s(self) -> float:
         """How long a refused caller should wait: about one call's duration (jittered), and
         behind the callers refused before it (:class:`RetryLine`), spaced by the rate at which
-        calls of the usual size complete: the judgments per second over their judgments. (Not
-        the calls per second measured last: those may be of calls of another size. After
-        attack 3's calls of 65,536 judgments, 2 calls/s spaced the 2x overload's first refused
-        callers a second apart, and its 8 loops served fewer calls than one loop alone did;
-        bench/faults.py.)"""
+        calls of the usual size complete (the judgments per second over their judgments: the
+        calls per second measured last may be of calls of another size)."""
         if self.judgments_per_s is not None and self._call_judgments >= 1:
             per_s: float | None = self.judgments_per_s / self._call_judgments * RETRIES_PER_COMPLETED
         else:
@@ -203,13 +203,9 @@ class Admission:
 
     def _not_the_limit(self, usual: int) -> bool:
         """Whether a call of ``usual`` judgments kept out says nothing about the judgment limit,
-        so that it must not count as demand the limit should grow for. One that would not fit
-        even at the cap (beside a call larger than it, admitted alone): counted, the limit grew
-        to its cap on attack 3a's 65,536-judgment calls with a victim's refused beside them
-        (bench/faults.py). One kept out only by large bodies' estimates: a body holds the room
-        left whatever the limit, so counted, each window of them grew it by a quarter
-        (bench/faults.py's overload, after attacks A and 3b-3d, began at 8,363 and 12,041
-        judgments in two full runs; at 746 and 512 in two full runs with this rule)."""
+        so that it must not count as demand the limit should grow for: one that would not fit
+        even at the cap (beside a call larger than it, admitted alone), or one kept out only by
+        large bodies' estimates (a body holds the room left whatever the limit)."""
         if self.cap_judgments is not None and self.judgments + usual > self.cap_judgments:
             return True
         return bool(self.estimated) and self._fits(self.judgments - self.estimated, usual)
@@ -320,19 +316,11 @@ class Admission:
             "deadline", "before_read"), None
 
     def _predicted_wait(self, attempts: int, judged: bool) -> float | None:
-        """Seconds until a call that joins the line now would be let in: the work held and the
-        usual calls waiting ahead of it, past the limits, at the measured throughput (None:
-        not measured yet)."""
-        ahead = self._room.ahead(attempts) + 1
-        waits = [0.0]
-        if self.max_calls is not None and self.calls_per_s:
-            waits.append((self.calls + ahead - self.max_calls) / self.calls_per_s)
-        if judged and self.max_judgments is not None:
-            if not self.judgments_per_s:
-                return None
-            over = self.judgments + ahead * max(1, self._usual()) - self.max_judgments
-            waits.append(over / self.judgments_per_s)
-        return max(waits)
+        """Seconds until a call that joins the line now would be let in (None: not measured)."""
+        return predicted_wait(
+            ahead=self._room.ahead(attempts) + 1, calls=(self.calls, self.max_calls, self.calls_per_s),
+            judgments=(self.judgments, self.max_judgments, self.judgments_per_s) if judged else None,
+            usual=max(1, self._usual()))
 
     def _waiting_full(self) -> Overloaded:
         return self._refuse(f"{len(self._room)} calls wait for room already (limits: "
@@ -479,11 +467,5 @@ class Admission:
             judgments=Range(self.floor, self.cap_judgments),
             calls=Range(self.min_calls, self.cap_calls), measured=measured)
         metrics.set_admission_limits(self.max_judgments, self.max_calls)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "admission window of %.2f s: %d calls, %d judgments, refused or kept waiting %s, "
-                "peak %d judgments, loop busy %s, rates %.0f judgments/s %.0f calls/s, target "
-                "%.1f ms; limits %s -> %s", now - w.start, w.calls, w.judgments, w.short,
-                w.peak_judgments, "?" if self.loop_busy is None else f"{self.loop_busy:.2f}",
-                self.judgments_per_s, self.calls_per_s or 0.0, 1000 * target, before,
-                (self.max_judgments, self.max_calls))
+        log_window(w, now, rates=self._rates, loop_busy=self.loop_busy, target_s=target,
+                   limits=(before, (self.max_judgments, self.max_calls)))
