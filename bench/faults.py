@@ -79,7 +79,7 @@ from _workload import pct
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.rpc import convert
+from reward_server.api import convert
 
 
 def fuzz_request(rng: random.Random) -> bytes:

@@ -134,8 +134,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from reward_server.rpc import jsonmap
-    from reward_server.rpc.convert import info_to_proto
+    from reward_server.api import jsonmap
+    from reward_server.api.convert import info_to_proto
 
     print(json.dumps(jsonmap.to_dict(info_to_proto(_probe(args))), indent=2))
     return 0
@@ -143,8 +143,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _read_items(path: Path) -> Iterator[tuple[int, Any]]:
     from reward_server._proto.reward.v1 import reward_pb2 as pb
-    from reward_server.rpc import jsonmap
-    from reward_server.rpc.convert import item_from_proto
+    from reward_server.api import jsonmap
+    from reward_server.api.convert import item_from_proto
 
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -164,9 +164,9 @@ class InputLineError(Exception):
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    from reward_server.api import jsonmap
+    from reward_server.api.convert import result_to_proto
     from reward_server.client import RewardCallError
-    from reward_server.rpc import jsonmap
-    from reward_server.rpc.convert import result_to_proto
 
     try:
         numbered = list(_read_items(args.input))
@@ -237,8 +237,8 @@ def cmd_induce(args: argparse.Namespace) -> int:
             return await c.induce_rubrics(history, task=Task(args.task),
                                           num_samples=args.samples, seed=args.seed)
 
-    from reward_server.rpc import jsonmap
-    from reward_server.rpc.convert import induction_to_proto
+    from reward_server.api import jsonmap
+    from reward_server.api.convert import induction_to_proto
 
     _probe(args)
     # what the HTTP route answers: the rules and every attempt with its invalid_reason
@@ -247,8 +247,8 @@ def cmd_induce(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from reward_server.rpc import jsonmap
-    from reward_server.rpc.convert import verification_to_proto
+    from reward_server.api import jsonmap
+    from reward_server.api.convert import verification_to_proto
 
     _probe(args)
 

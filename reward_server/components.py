@@ -3,9 +3,10 @@
 An :class:`~reward_server.domain.ItemResult` carries, besides its reward, named numbers in
 ``components``. They are declared here once, and these declarations are their type: the
 science writes each name through them (:class:`RubricScore`, :class:`ParlReward`,
-:class:`NliConstraints`, :class:`Weighted`; a misspelt one fails mypy, not a test), ``Info``
-serves them, and the trainers log the fixed ones from here, so a rename on the server cannot
-turn into silent NaN columns in a training log.
+:class:`NliConstraints`, :class:`Weighted`; a misspelt one fails mypy, not a test); each kind's
+entry in :data:`reward_server.api.kinds.FACTS` names its declarations, from which ``Info``
+serves them and every trainer logs the fixed ones, so a rename on the server cannot turn into
+silent NaN columns in a training log.
 
 A name with ``{i}`` is a family indexed 0, 1, ... (one per rule, per baseline, per part).
 ``weighted`` items report, per part ``j``, ``part{j}.reward``, ``part{j}.weight`` and every
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from reward_server.domain import ComponentInfo, Regime, RewardKind
+from reward_server.domain import Regime
 
 # an indexed family's first this many names are made once, when it is declared, and shared by
 # every result: a 1,024-item x 64-rule call built 65,536 fresh "p_yes.{i}" strings (2.3 MB of
@@ -130,48 +131,6 @@ class Weighted:
 def in_part(j: int, name: str) -> str:
     """A part's own component ``name`` as the weighted item reports it (``part{j}.<name>``)."""
     return f"part{j}.{name}"
-
-
-COMPONENTS: Mapping[RewardKind, tuple[Component, ...]] = {
-    RewardKind.RUBRIC_SCORE: RubricScore.ALL,
-    RewardKind.PARL_REWARD: ParlReward.ALL,
-    RewardKind.NLI_CONSTRAINTS: NliConstraints.ALL,
-    RewardKind.WEIGHTED: Weighted.ALL,
-}
-LEAF_KINDS = (RewardKind.RUBRIC_SCORE, RewardKind.PARL_REWARD, RewardKind.NLI_CONSTRAINTS)
-
-
-def fixed_names(kind: RewardKind) -> tuple[str, ...]:
-    """The components of ``kind`` that are not indexed families (what trainers log)."""
-    return tuple(c.name for c in COMPONENTS[kind] if not c.indexed)
-
-
-def weighted_names(part_kinds: Sequence[RewardKind]) -> tuple[str, ...]:
-    """The fixed components of a weighted item whose part ``j`` has kind ``part_kinds[j]``."""
-    out: list[str] = []
-    for j, kind in enumerate(part_kinds):
-        out += [Weighted.PART_REWARD.at(j), Weighted.PART_WEIGHT.at(j)]
-        out += [in_part(j, name) for name in fixed_names(kind)]
-    return tuple(out)
-
-
-def is_declared(kind: RewardKind, name: str) -> bool:
-    """Whether ``name`` is a component ``kind`` may report."""
-    if kind is RewardKind.WEIGHTED:
-        m = re.match(r"part\d+\.(.+)\Z", name)
-        if m is None:
-            return False
-        rest = m.group(1)
-        return rest in ("reward", "weight") or any(is_declared(k, rest) for k in LEAF_KINDS)
-    return any(c.pattern().match(name) for c in COMPONENTS[kind])
-
-
-def info() -> dict[str, tuple[ComponentInfo, ...]]:
-    """The declaration as ``Info`` serves it: kind -> (name, meaning) pairs."""
-    return {
-        kind.value: tuple(ComponentInfo(c.name, c.meaning) for c in comps)
-        for kind, comps in COMPONENTS.items()
-    }
 
 
 MASK_SUFFIX = "_mask"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reward_server.integrations.extra_info import read_row
+from reward_server.api.rows import read_row
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger("trainer.progress")

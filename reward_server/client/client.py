@@ -57,6 +57,7 @@ import grpc
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server._proto.reward.v1 import reward_pb2_grpc as pb_grpc
+from reward_server.api import convert
 from reward_server.client.channel import (  # re-exported in __all__: the client's public API
     GRPC_MAX_ATTEMPTS,
     HEALTH,
@@ -71,7 +72,6 @@ from reward_server.client.channel import (  # re-exported in __all__: the client
 )
 from reward_server.client.coalesce import Coalescer, CoalesceSettings
 from reward_server.errors import RewardServerError
-from reward_server.rpc import convert
 
 __all__ = [
     "GRPC_MAX_ATTEMPTS", "HEALTH", "MIN_BACKOFF_S", "RETRYABLE", "SERVICE", "STUCK_GRACE_S",

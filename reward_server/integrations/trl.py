@@ -8,13 +8,14 @@
                           train_dataset=Dataset.from_parquet("data/pg/trl_train.parquet"))
 
 The dataset needs the column ``extra_info_json`` (one JSON object per prompt, written by
-``python -m trainer.data.prepare``; see :mod:`reward_server.integrations.extra_info`). TRL
+``python -m trainer.data.prepare``; see :mod:`reward_server.api.rows`). TRL
 repeats it for each completion and passes it as a keyword argument.
 
 :class:`RewardServerReward` is an async callable, so TRL (1.16+) awaits it on its own event
 loop, concurrently with its other async reward functions. Each call sends ONE Score request
 holding every completion of the generation batch. It logs, through TRL's ``log_metric``, the
-mean of each of the reward kind's components (``reward/s_target``, ``reward/gamma``, ...), the
+mean of each fixed component of the rows' items (``reward/s_target``, ``reward/gamma``, ...;
+:attr:`reward_server.api.rows.Row.component_names`, a weighted row's parts' own), the
 share of policy-invalid outputs (``reward/policy_invalid``), of masked samples
 (``reward/masked``) and the seconds the trainer waited for the rewards (``reward/wait_s``). A
 component is averaged over the completions it applies to (a policy-invalid output computes
@@ -46,9 +47,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from reward_server.api.rows import Row, read_row
 from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
 from reward_server.domain import ItemResult, ItemStatus
-from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
 from reward_server.integrations.probe import PROBE_TIMEOUT_S, probe
 
 logger = logging.getLogger(__name__)
@@ -62,13 +63,13 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def component_means(kinds: Sequence[str], results: Sequence[ItemResult]) -> dict[str, float]:
-    """Mean of each fixed component over the results that report it (finite values only),
-    and the share of policy-invalid outputs."""
+def component_means(rows: Sequence[Row], results: Sequence[ItemResult]) -> dict[str, float]:
+    """Mean of each fixed component of the rows' items over the results that report it (finite
+    values only), and the share of policy-invalid outputs."""
     values: dict[str, list[float]] = {"policy_invalid": []}
-    for kind, r in zip(kinds, results, strict=True):
+    for row, r in zip(rows, results, strict=True):
         values["policy_invalid"].append(1.0 if r.status is ItemStatus.POLICY_INVALID else 0.0)
-        for key in COMPONENT_KEYS.get(kind, ()):
+        for key in row.component_names:
             value = r.components.get(key)
             if value is not None and math.isfinite(value):
                 values.setdefault(key, []).append(float(value))
@@ -164,7 +165,7 @@ class RewardServerReward:
             self._log({"masked": 1.0, "wait_s": self.wait_s[-1]}, log_metric)
             return [None] * len(items)
         self.wait_s.append(time.perf_counter() - start)
-        means = component_means([r.kind for r in rows], results)
+        means = component_means(rows, results)
         self._log({**means, "masked": 0.0, "wait_s": self.wait_s[-1]}, log_metric)
         return [r.reward for r in results]
 

@@ -17,7 +17,7 @@ verl's reward loop (``naive`` manager) awaits, once per finished rollout::
                         **reward.custom_reward_function.reward_kwargs)
 
 Everything the reward needs is in ``extra_info`` (written by ``python -m trainer.data.prepare``,
-see :mod:`reward_server.integrations.extra_info`); the reward kwargs say where the server is and
+see :mod:`reward_server.api.rows`); the reward kwargs say where the server is and
 how long a call may try (:class:`reward_server.client.RetryBudget`): ``attempts``,
 ``backoff_cap_s``, ``deadline_s``.
 
@@ -29,7 +29,8 @@ finished rollout, and merged calls cost the server a fraction of the CPU per ite
 
 The result is a dict with fixed keys (verl builds its metric
 arrays from the first result's keys): ``score``, ``policy_invalid``, ``reward_masked`` and the
-kind's components, each with ``<name>_mask`` (a component the server did not compute for
+fixed components of the row's item (:attr:`reward_server.api.rows.Row.component_names`: a
+weighted row's parts' own), each with ``<name>_mask`` (a component the server did not compute for
 this sample, e.g. after a policy-invalid output, is 0.0 with mask 0.0: every value is finite,
 since verl averages them with ``np.mean``; the valid-only mean is ``mean(name) / mean(name_mask)``).
 
@@ -65,9 +66,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reward_server import components
+from reward_server.api.rows import read_row
 from reward_server.client import AsyncRewardClient, CoalesceSettings, RetryBudget, RewardCallError
 from reward_server.domain import ItemResult, ItemStatus
-from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
 from reward_server.integrations.probe import PROBE_TIMEOUT_S, ServerUnreachable, probe
 
 logger = logging.getLogger(__name__)
@@ -113,8 +114,10 @@ def _client(
         return client
 
 
-def result_to_dict(kind: str, result: ItemResult) -> dict[str, float]:
-    """The fixed-key dict verl logs for one scored sample: every value finite. A component the
+def result_to_dict(names: Sequence[str], result: ItemResult) -> dict[str, float]:
+    """The fixed-key dict verl logs for one scored sample whose row's item reports the fixed
+    components ``names`` (:attr:`~reward_server.api.rows.Row.component_names`): every value
+    finite. A component the
     server did not compute for this sample (e.g. after a policy-invalid output) is 0.0 with
     ``<name>_mask`` 0.0 (:func:`reward_server.components.with_masks`): verl averages these with
     ``np.mean`` and needs the same keys on every sample, so the valid-only mean of a component
@@ -123,15 +126,15 @@ def result_to_dict(kind: str, result: ItemResult) -> dict[str, float]:
     out = {"score": float(result.reward),
            "policy_invalid": 1.0 if result.status is ItemStatus.POLICY_INVALID else 0.0,
            "reward_masked": 0.0}
-    out.update(components.with_masks(COMPONENT_KEYS.get(kind, ()), result.components))
+    out.update(components.with_masks(names, result.components))
     return out
 
 
-def masked_dict(kind: str) -> dict[str, float]:
+def masked_dict(names: Sequence[str]) -> dict[str, float]:
     """A sample masked after an infrastructure failure: ``score`` NaN (what ``grpo_masked``
-    leaves out), ``reward_masked`` 1, every component absent (0.0, mask 0.0)."""
+    leaves out), ``reward_masked`` 1, every component of ``names`` absent (0.0, mask 0.0)."""
     out = {"score": math.nan, "policy_invalid": 0.0, "reward_masked": 1.0}
-    out.update(components.with_masks(COMPONENT_KEYS.get(kind, ()), {}))
+    out.update(components.with_masks(names, {}))
     return out
 
 
@@ -189,7 +192,6 @@ async def compute_score(
         raise ValueError(f"no reward server address: set reward_kwargs.reward_server=host:port "
                          f"or ${ADDRESS_ENV}")
     row = read_row(extra_info)
-    kind = row.kind
     item = row.item(solution_str, item_id=f"{row.user_id}#{row.index}")
     budget = RetryBudget(attempts=attempts, backoff_cap_s=backoff_cap_s, deadline_s=deadline_s,
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
@@ -207,13 +209,13 @@ async def compute_score(
         _counts["masked"] += 1
         logger.warning("reward masked (%d so far) for %s user %s: %s %s", _counts["masked"],
                        data_source, extra_info.get("user_id"), e.code.name, e.details)
-        return masked_dict(kind)
+        return masked_dict(row.component_names)
     _counts["scored"] += 1
     if result.status is ItemStatus.POLICY_INVALID:
         _counts["policy_invalid"] += 1
         logger.debug("policy-invalid output for user %s: %s", extra_info.get("user_id"),
                      result.message)
-    return result_to_dict(kind, result)
+    return result_to_dict(row.component_names, result)
 
 
 def reward_kwarg_names() -> frozenset[str]:

@@ -1,14 +1,16 @@
-"""The reward kinds: one module each, declaring its proto field, validation and judgments,
-score function, components and response field (:class:`~reward_server.kinds.base.Kind`).
+"""The reward kinds' server half: one module each, declaring its domain spec, validation and
+judgments and score function (:class:`~reward_server.kinds.base.Kind`); its facts (proto field,
+response field, components) are its entry in :data:`reward_server.api.kinds.FACTS`, the one
+table the doors and the trainers read too.
 
 :data:`KINDS` lists them by :class:`~reward_server.domain.RewardKind`; :func:`of` is the one
 dispatch from a spec to its kind. A new kind is its module here (registered in :data:`KINDS`),
-its spec in :mod:`reward_server.domain`, its components in :mod:`reward_server.components`
-and its proto message (converted in :mod:`reward_server.rpc.convert`, whose ``match``
-statements mypy checks are exhaustive).
+its spec in :mod:`reward_server.domain`, its components in :mod:`reward_server.components`,
+its facts in :mod:`reward_server.api.kinds` and its proto message (converted in
+:mod:`reward_server.api.convert`, whose ``match`` statements mypy checks are exhaustive).
 
 Layer: orchestration, under the service (it knows the science and the engines' protocols,
-never the transport; the ``reward.v1`` messages are converted in :mod:`reward_server.rpc.convert`,
+never the transport; the ``reward.v1`` messages are converted in :mod:`reward_server.api.convert`,
 keyed by the same :class:`~reward_server.domain.RewardKind`).
 """
 

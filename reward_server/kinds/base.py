@@ -1,10 +1,10 @@
 """What one reward kind declares, and the two faces it sees of the service.
 
-A kind is a :class:`Kind`: its :class:`~reward_server.domain.RewardKind` (whose value is the
-``oneof kind`` field of ``reward.v1.ScoreItem``, and the ``rpc`` layer's key for it), the
-domain spec it scores, its components (declared in :mod:`reward_server.components`), the spec
-field that carries the policy's response, how a request of it is validated and what it costs
-(:class:`Work`: judge prompts and NLI pairs), and its score function. The service dispatches every item through
+A kind is a :class:`Kind`: its :class:`~reward_server.domain.RewardKind`, whose facts (the
+``oneof kind`` field of ``reward.v1.ScoreItem``, the field that carries the policy's response,
+the components) are its entry in the one table :data:`reward_server.api.kinds.FACTS`; the
+domain spec it scores, how a request of it is validated and what it costs (:class:`Work`: judge
+prompts and NLI pairs), and its score function. The service dispatches every item through
 :func:`reward_server.kinds.of`; it never names a kind itself.
 """
 
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from reward_server import domain as d
+from reward_server.api.kinds import FACTS, KindFacts
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.components import Component
 from reward_server.nli.settings import NLISettings
@@ -78,15 +79,36 @@ class Kind(Generic[S]):
 
     kind: d.RewardKind
     spec: type[S]
-    components: tuple[Component, ...]
-    response_field: str | None  # the spec field with the policy's output; None: each part's own
     validate: Callable[[S, Checks, str], Work]  # (spec, checks, where) -> its work; InvalidRequest
     score: Callable[[S, Science], Awaitable[d.RewardOutcome]]
 
     @property
+    def facts(self) -> KindFacts:
+        """Its entry in the one table of kind facts."""
+        return FACTS[self.kind]
+
+    @property
     def proto_field(self) -> str:
         """The ``reward.v1.ScoreItem`` ``oneof kind`` field of this kind."""
-        return self.kind.value
+        return self.facts.proto_field
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return self.facts.components
+
+    @property
+    def response_field(self) -> str | None:
+        """The spec field with the policy's output (the proto's, same name); None: a
+        combination, each part has its own."""
+        return self.facts.response_field
+
+    async def outcome(self, spec: S, science: Science) -> d.RewardOutcome:
+        """The outcome of ``spec`` sent as an item: a leaf kind's through ``science.leaf`` (the
+        policy output checked, the penalty applied), a combination's its own score (whose
+        parts go through ``science.leaf``)."""
+        if self.facts.leaf:
+            return await science.leaf(cast(d.LeafSpec, spec))
+        return await self.score(spec, science)
 
     def response(self, spec: S) -> str:
         """The policy's output in ``spec`` (a leaf kind's ``response_field``)."""

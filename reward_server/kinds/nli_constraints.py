@@ -4,7 +4,6 @@ NLI pairs)."""
 from __future__ import annotations
 
 from reward_server import domain as d
-from reward_server.components import NliConstraints
 from reward_server.kinds.base import Checks, Kind, Science, Work
 from reward_server.nli import nli_constraints_reward
 
@@ -22,8 +21,6 @@ async def score(spec: d.NliConstraintsSpec, science: Science) -> d.RewardOutcome
 KIND = Kind(
     kind=d.RewardKind.NLI_CONSTRAINTS,
     spec=d.NliConstraintsSpec,
-    components=NliConstraints.ALL,
-    response_field="response",
     validate=validate,
     score=score,
 )

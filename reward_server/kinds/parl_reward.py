@@ -4,7 +4,6 @@ on the history, score the target and the baselines)."""
 from __future__ import annotations
 
 from reward_server import domain as d
-from reward_server.components import ParlReward
 from reward_server.errors import InvalidRequest
 from reward_server.kinds.base import Checks, Kind, Science, Work
 from reward_server.rubric import parl_reward
@@ -35,8 +34,6 @@ async def score(spec: d.ParlRewardSpec, science: Science) -> d.RewardOutcome:
 KIND = Kind(
     kind=d.RewardKind.PARL_REWARD,
     spec=d.ParlRewardSpec,
-    components=ParlReward.ALL,
-    response_field="policy_output",
     validate=validate,
     score=score,
 )

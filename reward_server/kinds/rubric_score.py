@@ -4,7 +4,6 @@ per rule)."""
 from __future__ import annotations
 
 from reward_server import domain as d
-from reward_server.components import RubricScore
 from reward_server.errors import InvalidRequest
 from reward_server.kinds.base import Checks, Kind, Science, Work
 from reward_server.rubric import score_rubric
@@ -27,8 +26,6 @@ async def score(spec: d.RubricScoreSpec, science: Science) -> d.RewardOutcome:
 KIND = Kind(
     kind=d.RewardKind.RUBRIC_SCORE,
     spec=d.RubricScoreSpec,
-    components=RubricScore.ALL,
-    response_field="text",
     validate=validate,
     score=score,
 )

@@ -62,8 +62,6 @@ async def score(spec: d.WeightedSpec, science: Science) -> d.RewardOutcome:
 KIND = Kind(
     kind=d.RewardKind.WEIGHTED,
     spec=d.WeightedSpec,
-    components=Weighted.ALL,
-    response_field=None,
     validate=validate,
     score=score,
 )

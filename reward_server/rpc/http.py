@@ -10,7 +10,7 @@ Routes (docs/http.md)::
     GET  /metrics             Prometheus text format (docs/metrics.md); open, as health is
     POST /openrlhf/reward     OpenRLHF's remote reward protocol (reward_server.rpc.openrlhf)
 
-Bodies are the proto3 JSON mapping in one convention (:mod:`reward_server.rpc.jsonmap`). Every
+Bodies are the proto3 JSON mapping in one convention (:mod:`reward_server.api.jsonmap`). Every
 call runs through the gRPC servicer's :meth:`~reward_server.rpc.servicer.RewardServicer.call`:
 the same draining gate, admission, limits, deadline (``server.default_timeout_s``), work,
 metrics and spans. Errors are the gRPC status table's code mapped to its HTTP status
@@ -47,8 +47,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from reward_server import metrics
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import jsonmap
 from reward_server.errors import ConfigError, DeadlineExceeded, InvalidRequest, Unauthenticated
-from reward_server.rpc import jsonlimits, jsonmap, openrlhf
+from reward_server.rpc import jsonlimits, openrlhf
 from reward_server.rpc.auth import TokenCheck
 from reward_server.rpc.health import HealthMonitor
 from reward_server.rpc.servicer import RewardServicer
@@ -331,8 +332,8 @@ class HttpDoor:
 
     def _parse(self, cls: type[Message], body: bytes | bytearray) -> bytes:
         http = self._settings.http
-        return serialized(jsonmap.parse_bounded(cls, body, max_depth=http.max_json_depth,
-                                                max_values=http.max_json_values))
+        return serialized(jsonlimits.parse_message(cls, body, max_depth=http.max_json_depth,
+                                                   max_values=http.max_json_values))
 
     def _endpoint(self, rpc: str, cls: type[Message]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

@@ -37,11 +37,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
+from reward_server.api import jsonmap
 from reward_server.errors import InvalidRequest
+
+M = TypeVar("M", bound=Message)
 
 # unrolled: fast in re; never starting at an escaped quote (only inside a string, where a
 # string cut by a window's end would otherwise be retried at every one of them)
@@ -274,3 +278,12 @@ def refuse_booleans(descriptor: Any, data: Any, where: str) -> None:
         elif f.type in _NUMERIC and any(isinstance(v, bool) for v in values):
             raise InvalidRequest(f"{where}.{key}: a JSON boolean where a number is expected; "
                                  "send a number")
+
+
+def parse_message(cls: type[M], body: bytes | bytearray, *, max_depth: int, max_values: int) -> M:
+    """``cls`` from a JSON body read with bounded nesting and values (:func:`loads`), booleans
+    refused where numbers are expected, in the JSON convention of
+    :mod:`reward_server.api.jsonmap`."""
+    data = loads(body, max_depth=max_depth, max_values=max_values, what="the body")
+    refuse_booleans(cls.DESCRIPTOR, data, "body")
+    return jsonmap.parse_dict(cls, data, "the body")

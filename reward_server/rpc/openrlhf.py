@@ -10,9 +10,9 @@ answer.
 
 Here:
 
-* ``l`` is a reward.v1.ScoreItem in our JSON convention (:mod:`reward_server.rpc.jsonmap`)
+* ``l`` is a reward.v1.ScoreItem in our JSON convention (:mod:`reward_server.api.jsonmap`)
   without its response: the row's template of the training-row contract
-  (:mod:`reward_server.integrations.extra_info`; ``python -m trainer.data.prepare --format
+  (:mod:`reward_server.api.rows`; ``python -m trainer.data.prepare --format
   openrlhf`` writes it, as a JSON string; a JSON object works too);
 * the response is ``q`` after the prefix ``p`` (matched exactly, or else ignoring differences in
   whitespace, which detokenization may introduce), with the special-token texts of
@@ -22,7 +22,8 @@ Here:
   part of a weighted one), as for verl and TRL;
 * ``rewards`` and ``scores`` are the items' rewards (a policy-invalid output gets
   ``service.policy_invalid_penalty``, as over gRPC), ``extra_logs`` the fixed components of the
-  items' reward kinds (:mod:`reward_server.components`), each with ``<name>_mask``, plus
+  items (:func:`reward_server.api.kinds.component_names`, as verl and TRL log them), each with
+  ``<name>_mask``, plus
   ``policy_invalid`` (0/1). Every value is finite: a component an item did not compute (a
   policy-invalid output) is 0.0 with its mask 0.0 (OpenRLHF 0.11 averages each list with a
   plain ``.mean()``, so a NaN would turn the step's metric NaN; the mean over the samples it
@@ -37,10 +38,9 @@ from typing import Any
 
 from reward_server import components
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.domain import RewardKind
+from reward_server.api import jsonmap, kinds, rows
 from reward_server.errors import InvalidRequest
-from reward_server.integrations import extra_info
-from reward_server.rpc import jsonlimits, jsonmap
+from reward_server.rpc import jsonlimits
 
 KEYS = ("query", "prompts", "labels")
 
@@ -102,7 +102,7 @@ def template(label: Any, *, where: str) -> pb.ScoreItem:
             ) from None
     jsonlimits.refuse_booleans(pb.ScoreItem.DESCRIPTOR, label, f"{where}: the label")
     item = jsonmap.parse_dict(pb.ScoreItem, label, f"{where}: the label")
-    extra_info.check_template(item, f"{where}: the label's ScoreItem")
+    rows.check_template(item, f"{where}: the label's ScoreItem")
     return item
 
 
@@ -123,26 +123,19 @@ def score_request(payload: Any, *, end_markers: Sequence[str]) -> pb.ScoreReques
         where = f"sample {i}"
         if not isinstance(q, str) or not isinstance(p, str):
             raise InvalidRequest(f"{where}: query and prompt must be strings")
-        item = extra_info.fill_response(template(label, where=where),
-                                        response_text(q, p, end_markers, where=where), where=where)
+        item = rows.fill_response(template(label, where=where),
+                                  response_text(q, p, end_markers, where=where), where=where)
         if not item.id:
             item.id = f"sample{i}"
         request.items.append(item)
     return request
 
 
-def _names(item: pb.ScoreItem) -> tuple[str, ...]:
-    kinds = [RewardKind(case) for _, case in extra_info.leaves(item)]
-    if item.WhichOneof("kind") == "weighted":
-        return components.weighted_names(kinds)
-    return components.fixed_names(kinds[0])
-
-
 def reply(request: pb.ScoreRequest, response: pb.ScoreResponse) -> dict[str, Any]:
     """OpenRLHF's answer: rewards, scores and extra_logs (see the module doc)."""
     names: list[str] = []
     for item in request.items:
-        names += [n for n in _names(item) if n not in names]
+        names += [n for n in kinds.component_names(item) if n not in names]
     rewards = [r.reward for r in response.results]
     per_sample = [components.with_masks(names, r.components) for r in response.results]
     logs: dict[str, list[float]] = {

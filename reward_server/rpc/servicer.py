@@ -9,7 +9,7 @@ interceptor) instead of after its body, so that a call is:
    admission control has no room for a call of the usual size (RESOURCE_EXHAUSTED with
    ``grpc-retry-pushback-ms``);
 2. given ``server.receive_timeout_s`` for its one request message (half-open calls end);
-3. parsed here (:mod:`reward_server.rpc.wire`): a malformed body is INVALID_ARGUMENT, a large
+3. parsed here (:mod:`reward_server.api.wire`): a malformed body is INVALID_ARGUMENT, a large
    Score request is parsed and converted item by item;
 4. admitted by size, then by judgments (:mod:`reward_server.service.admission`), then run under the
    client's deadline (or ``server.default_timeout_s``); every exception goes through the one
@@ -37,8 +37,8 @@ from google.protobuf.message import Message
 from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import convert, score_call, wire
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, Overloaded
-from reward_server.rpc import convert, wire
 from reward_server.rpc.grpc_metrics import when_done
 from reward_server.rpc.memory import Trimmer
 from reward_server.rpc.refusals import LoadRefusalLog
@@ -363,7 +363,7 @@ class RewardServicer:
     # -------------------------------------------------------------- the work
     async def _score(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.ScoreResponse:
         check = self._service.batch_check()  # refuses at the first bad item
-        items = await convert.score_items(raw, check)
+        items = await score_call.score_items(raw, check)
         batch = check.done(items)
         tracing.set_attribute(call.span, "items", len(items))
         try:
@@ -374,7 +374,7 @@ class RewardServicer:
             raise
         for item, result in zip(items, results, strict=True):
             metrics.observe_item(d.kind_of(item.spec).value, result.status.value, result.reward)
-        return await convert.score_response(results)
+        return await score_call.score_response(results)
 
     async def _induce(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.InduceRubricsResponse:
         request = wire.parse(pb.InduceRubricsRequest, raw)

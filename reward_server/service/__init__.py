@@ -13,11 +13,11 @@ The reward kinds it dispatches over are declared in :mod:`reward_server.kinds`.
 from __future__ import annotations
 
 from reward_server.service.admission import Admission, Ticket
-from reward_server.service.service import RewardService, admission_for, weighted_mean
+from reward_server.service.service import RewardService, admission_for
 from reward_server.service.settings import AdmissionSettings, ServiceSettings
 from reward_server.service.validation import BatchCheck, Induction, Limits, ValidatedBatch, Validator
 
 __all__ = [
     "Admission", "AdmissionSettings", "BatchCheck", "Induction", "Limits", "RewardService",
-    "ServiceSettings", "Ticket", "ValidatedBatch", "Validator", "admission_for", "weighted_mean",
+    "ServiceSettings", "Ticket", "ValidatedBatch", "Validator", "admission_for",
 ]

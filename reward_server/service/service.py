@@ -21,18 +21,18 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from reward_server import API_VERSION, __version__, components, cooperative, kinds, nli, rubric
+from reward_server import API_VERSION, __version__, cooperative, kinds, nli, rubric
 from reward_server import domain as d
+from reward_server.api import kinds as kind_facts
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.errors import BackendUnavailable
-from reward_server.kinds.weighted import weighted_mean
 from reward_server.nli.settings import NLISettings
 from reward_server.rubric.settings import RubricSettings
 from reward_server.service.admission import Admission, Ticket
 from reward_server.service.settings import AdmissionSettings, ServiceSettings
 from reward_server.service.validation import BatchCheck, Limits, ValidatedBatch, Validator
 
-__all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for", "weighted_mean"]
+__all__ = ["Limits", "RewardService", "ServiceSettings", "admission_for"]
 
 logger = logging.getLogger(__name__)
 DEFAULT_ENGINE_BATCH_ITEMS = 512  # judge + NLI batching.max_items at their defaults
@@ -188,11 +188,7 @@ class RewardService:
     async def _score_item(self, item: d.ScoreItem) -> d.ItemResult:
         await cooperative.turn()  # items start a time slice at a time, not all in one go
         start = time.perf_counter()
-        spec = item.spec
-        if isinstance(spec, d.WeightedSpec):  # a combination: its parts go through leaf()
-            outcome = await kinds.of(spec).score(spec, self)
-        else:
-            outcome = await self.leaf(spec)
+        outcome = await kinds.of(item.spec).outcome(item.spec, self)
         if outcome.reward is None or not math.isfinite(outcome.reward):
             raise RuntimeError(f"item {item.item_id!r}: the reward came out as {outcome.reward}")
         elapsed_ms = (time.perf_counter() - start) * 1000.0
@@ -276,7 +272,7 @@ class RewardService:
             nli_model=self.nli.model_id,
             template_versions=templates,
             settings=settings,
-            components=components.info(),
+            components=kind_facts.info(),
             fake_engines=self.fake_engines,
         )
 

@@ -15,8 +15,8 @@ import pytest
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import convert
 from reward_server.backends.fake import FakeJudge, FakeNLI
-from reward_server.rpc import convert
 
 from .conftest import running_server
 

@@ -56,7 +56,7 @@ def test_health_info_score(served, tmp_path) -> None:
     assert [r["id"] for r in results] == ["a", "b"]
     assert results[0]["status"] == "ITEM_STATUS_OK" and results[0]["reward"] == 1.0
     assert results[1]["reward"] == pytest.approx(0.98)
-    # one JSON convention (reward_server.rpc.jsonmap): proto field names, defaults printed
+    # one JSON convention (reward_server.api.jsonmap): proto field names, defaults printed
     assert "timings_ms" in results[0] and results[0]["message"] == ""
     v = json.loads(run_cli("verify", "--target", target, "--response", "Paris is big.",
                            "--answer", "Paris", "--preference", "big").stdout)

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from reward_server import domain as d
+from reward_server.api.rows import extra_info
 from reward_server.backends.fake import FakeJudge
 from reward_server.client import CoalesceSettings, RewardCallError
-from reward_server.integrations.extra_info import extra_info
 
 from .conftest import running_server
 

@@ -16,7 +16,7 @@ import pytest
 from bench._h2 import RawH2, closed_by_peer, grpc_frame, idle_socket
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.rpc import convert
+from reward_server.api import convert
 from reward_server.rpc.connections import MAX_EARLY_RESETS, peer_of
 
 from .conftest import Running, running_server

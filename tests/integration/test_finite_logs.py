@@ -25,8 +25,8 @@ import pytest_asyncio
 
 from reward_server import components
 from reward_server import domain as d
+from reward_server.api.rows import read_row
 from reward_server.integrations import verl as rverl
-from reward_server.integrations.extra_info import COMPONENT_KEYS, read_row
 from reward_server.integrations.trl import RewardServerReward
 from trainer.data.prepare import build_rows, sample_records, to_trl
 
@@ -44,9 +44,9 @@ async def server() -> AsyncIterator[Running]:
 
 def extra_info() -> dict[str, Any]:
     rows = to_trl(build_rows(sample_records(history_limit=1)[:1], "personalized_generator",
-                             history_limit=1, reward_kind="rubric_score"))
+                             history_limit=1, reward_kind=d.RewardKind.RUBRIC_SCORE))
     info: dict[str, Any] = json.loads(rows[0]["extra_info_json"])
-    assert read_row(info).kind == "rubric_score"
+    assert read_row(info).kind is d.RewardKind.RUBRIC_SCORE
     return info
 
 
@@ -116,7 +116,7 @@ async def test_verl_reward_extra_info_averages_finite_with_a_policy_invalid_samp
     assert [r["policy_invalid"] for r in results] == [0.0, 1.0]
     keys = list(results[0])  # verl: the first result's keys, the same on every sample
     assert all(list(r) == keys for r in results)
-    for name in COMPONENT_KEYS["rubric_score"]:
+    for name in read_row(info).component_names:
         assert name in keys and name + components.MASK_SUFFIX in keys
     extra = {k: [r[k] for r in results] for k in keys}
     averaged = {k: float(np.mean(v)) for k, v in extra.items()}  # verl's np.mean

@@ -15,9 +15,9 @@ import pytest
 from bench._h2 import RawH2, grpc_frame
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import convert
 from reward_server.backends.fake import FakeJudge
 from reward_server.client import RewardCallError
-from reward_server.rpc import convert
 from reward_server.rpc.status import RETRY_PUSHBACK_KEY
 
 from .conftest import running_server

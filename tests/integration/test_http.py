@@ -14,9 +14,9 @@ import pytest
 import pytest_asyncio
 
 from reward_server import domain as d
+from reward_server.api.rows import fill_response, read_row
 from reward_server.backends.fake import FakeJudge
 from reward_server.errors import BackendUnavailable
-from reward_server.integrations.extra_info import fill_response, read_row
 from trainer.data.prepare import main as prepare
 
 from .conftest import Running, running_server
@@ -93,7 +93,7 @@ async def _grpc_rewards(r: Running, labels: list[str], responses: list[str]) -> 
     from google.protobuf import json_format
 
     from reward_server._proto.reward.v1 import reward_pb2 as pb
-    from reward_server.rpc.convert import item_from_proto
+    from reward_server.api.convert import item_from_proto
 
     items = []
     for i, (label, response) in enumerate(zip(labels, responses, strict=True)):
@@ -301,8 +301,8 @@ async def test_busy_http_port_is_a_config_error() -> None:
 def test_prepare_openrlhf_labels_are_the_extra_info_items(tmp_path: Path) -> None:
     """The OpenRLHF route builds from a label the same item the TRL/verl path builds from
     extra_info, through the same fill_response."""
+    from reward_server.api.convert import item_from_proto
     from reward_server.rpc import openrlhf
-    from reward_server.rpc.convert import item_from_proto
     from trainer.data.prepare import build_rows, sample_records, to_openrlhf
 
     rows = build_rows(sample_records(history_limit=2), "personalized_generator", history_limit=2)

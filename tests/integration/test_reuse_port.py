@@ -12,12 +12,12 @@ import pytest
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import convert
 from reward_server.app import RewardApp, start_app
 from reward_server.backends.base import NLIPair, NLIScore
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.config import load_config
 from reward_server.errors import ConfigError
-from reward_server.rpc import convert
 
 from .conftest import FAKE
 

@@ -11,7 +11,7 @@ import grpc
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.rpc import convert
+from reward_server.api import convert
 
 from .conftest import running_server
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from reward_server.client import RetryBudget, RewardCallError
+from reward_server.domain import RewardKind
 from reward_server.integrations.trl import RewardServerReward
 
 from .conftest import running_server
@@ -43,7 +44,7 @@ def trl_call(loop, reward, prompts, completions, **kwargs):  # type: ignore[no-u
 
 
 async def test_prefetch_is_the_call_trl_then_makes(trl_loop) -> None:  # type: ignore[no-untyped-def]
-    prompts, extra = trl_batch("personalized_generator", 3, reward_kind="rubric_score")
+    prompts, extra = trl_batch("personalized_generator", 3, reward_kind=RewardKind.RUBRIC_SCORE)
     logged: dict[str, list[float]] = defaultdict(list)
     async with running_server() as r:
         plain = RewardServerReward(r.target)
@@ -68,7 +69,7 @@ async def test_prefetch_is_the_call_trl_then_makes(trl_loop) -> None:  # type: i
 
 
 async def test_prefetch_for_other_completions_is_dropped(trl_loop) -> None:  # type: ignore[no-untyped-def]
-    prompts, extra = trl_batch("personalized_generator", 3, reward_kind="rubric_score")
+    prompts, extra = trl_batch("personalized_generator", 3, reward_kind=RewardKind.RUBRIC_SCORE)
     async with running_server() as r:
         plain = RewardServerReward(r.target)
         expected = await asyncio.to_thread(trl_call, trl_loop, plain, prompts, COMPLETIONS,

@@ -12,6 +12,7 @@ from collections import defaultdict
 import pytest
 
 from reward_server.client import RetryBudget, RewardCallError
+from reward_server.domain import RewardKind
 from reward_server.integrations.trl import RewardServerReward
 from trainer.data.prepare import build_rows, sample_records, to_trl
 
@@ -26,7 +27,7 @@ def trl_batch(task: str, n: int, **opts):  # type: ignore[no-untyped-def]
 
 
 async def test_trl_reward_scores_and_logs_the_components() -> None:
-    prompts, extra = trl_batch("personalized_generator", 3, reward_kind="rubric_score")
+    prompts, extra = trl_batch("personalized_generator", 3, reward_kind=RewardKind.RUBRIC_SCORE)
     completions = [[{"role": "assistant", "content": t}] for t in
                    ("Honestly, my kids love it.", "It is fine.", "")]
     logged: dict[str, list[float]] = defaultdict(list)

@@ -14,7 +14,7 @@ HEAVY = ("torch", "ray", "transformers", "trl", "verl", "numpy", "yaml", "datase
 
 def test_client_and_trl_reward_import_without_heavy_packages() -> None:
     code = ("import json, sys; import reward_server.client, reward_server.integrations.trl, "
-            "reward_server.integrations.extra_info; "
+            "reward_server.api.rows; "
             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True)

@@ -12,11 +12,11 @@ import grpc
 import pytest
 
 from reward_server import errors
+from reward_server.api.rows import ExtraInfoError, extra_info
 from reward_server.client import RewardCallError
 from reward_server.domain import NliConstraintsSpec
 from reward_server.integrations import trl as rtrl
 from reward_server.integrations import verl as rverl
-from reward_server.integrations.extra_info import ExtraInfoError, extra_info
 from trainer.data.records import DataFormatError
 
 

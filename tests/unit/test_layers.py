@@ -4,9 +4,13 @@ statement, those inside functions too): no cycles, and each layer imports only t
 Layers, top to bottom: entry points (cli, app with compose and service_deployment, eval) >
 config > transport (rpc) > orchestration (the service package, then the reward kinds it
 dispatches through) > hosting (serving) > science (rubric, nli) > engines (backends) > shared
-leaves (domain, errors, numerics, components, metrics, cooperative). Beside them: the client (on
-rpc.convert and the leaves), the framework integrations (on the client), and the trainer, which
-sees only reward_server's public faces.
+leaves (domain, errors, numerics, components, metrics, cooperative). Beside them: the api (the
+client-safe face of reward.v1: codec, kind facts, row contract; on the leaves only, below the
+transport and the kinds, which import it), the client (on the api), the framework integrations
+(on the client), and the trainer, which sees only reward_server's public faces.
+
+No exception: every edge of the graph is checked, a module's edges to its own package's
+``__init__`` included.
 """
 
 from __future__ import annotations
@@ -51,23 +55,23 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "reward_server.rpc", "reward_server.client", "reward_server.service",
         "reward_server.serving",
     ),
-    # the client converts with rpc.convert: it stays on the domain (no kinds, no service)
-    "reward_server.rpc.convert": ("reward_server.kinds", "reward_server.service"),
+    # the transport: the client and the framework integrations sit beside it, on the api
     "reward_server.rpc": (
         "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
-        "reward_server.serving",
+        "reward_server.serving", "reward_server.client", "reward_server.integrations",
     ),
     "reward_server.config": ("reward_server.app", "reward_server.cli", "reward_server.eval"),
+    # the client converts with the api: never the transport, the service or anything below
     "reward_server.client": (
         "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.service",
         "reward_server.serving", "reward_server.backends", "reward_server.rubric",
-        "reward_server.nli",
+        "reward_server.nli", "reward_server.rpc", "reward_server.integrations",
     ),
     # the framework integrations sit on the client, like any user's training script
     "reward_server.integrations": (
         "reward_server.config", "reward_server.app", "reward_server.cli", "reward_server.eval",
         "reward_server.service", "reward_server.serving", "reward_server.backends",
-        "reward_server.rubric", "reward_server.nli", "trainer",
+        "reward_server.rubric", "reward_server.nli", "reward_server.rpc", "trainer",
     ),
     "reward_server.domain": ("reward_server.",),
     "reward_server.errors": ("reward_server.",),
@@ -75,12 +79,25 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "reward_server.metrics": ("reward_server.",),
     "reward_server.cooperative": ("reward_server.",),
     "reward_server.client.channel": ("reward_server.",),  # the client's channel policy: grpc only
-    "reward_server.components": tuple(
-        p for p in ("reward_server.backends", "reward_server.rubric", "reward_server.nli",
-                    "reward_server.serving", "reward_server.service", "reward_server.rpc",
-                    "reward_server.config", "reward_server.app")
-    ),
 }
+# the api: the leaves it may import, and the generated messages; nothing else of reward_server
+API_MAY_IMPORT = ("reward_server.domain", "reward_server.components", "reward_server.errors",
+                  "reward_server.cooperative", "reward_server._proto")
+
+
+def _top_level() -> set[str]:
+    """reward_server's top-level modules and packages (``reward_server.rpc``, ...)."""
+    out = {f"reward_server.{p.stem}" for p in (ROOT / "reward_server").glob("*.py")
+           if p.stem != "__init__"}
+    return out | {f"reward_server.{p.name}" for p in (ROOT / "reward_server").iterdir()
+                  if (p / "__init__.py").is_file()}
+
+
+# components: the one leaf on another (it names the domain's kinds and regimes)
+FORBIDDEN["reward_server.components"] = tuple(sorted(
+    _top_level() - {"reward_server.domain", "reward_server.components"}))
+FORBIDDEN["reward_server.api"] = (*sorted(
+    _top_level() - set(API_MAY_IMPORT) - {"reward_server.api"}), "trainer")
 
 
 # the composition modules sit with app at the top: nothing below imports them
@@ -93,11 +110,11 @@ for _layer in ("reward_server.backends", "reward_server.rubric", "reward_server.
                "reward_server.serving", "reward_server.client", "reward_server.integrations"):
     FORBIDDEN[_layer] += ("reward_server.kinds",)
 
-# what the trainer may import of reward_server: its public faces (and the package's version)
-PUBLIC_FACES = ("reward_server.client", "reward_server.integrations", "reward_server.domain",
-                "reward_server.components", "reward_server.config", "reward_server.prompts")
-# edges allowed past the public faces for now (none; each listed one must still exist)
-PENDING_TRAINER_EDGES: set[str] = set()
+# what the trainer may import of reward_server: its public faces, and the package itself (its
+# version)
+PUBLIC_FACES = ("reward_server.api", "reward_server.client", "reward_server.integrations",
+                "reward_server.domain", "reward_server.components", "reward_server.config",
+                "reward_server.prompts")
 
 
 def modules() -> dict[str, Path]:
@@ -114,15 +131,20 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports(path: Path, known: dict[str, Path]) -> Iterator[str]:
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+def imports(source: str, package: str, known: dict[str, Path]) -> Iterator[str]:
+    """Every module ``source`` imports, relative imports resolved against ``package`` (that of
+    the module, or the package itself for its ``__init__``)."""
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = (node.module or "") if node.level == 0 else ".".join(
+                p for p in (base, node.module) if p)
             for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                yield full if full in known else node.module
+                full = f"{module}.{alias.name}"
+                yield full if full in known else module
 
 
 def graph() -> dict[str, set[str]]:
@@ -130,13 +152,10 @@ def graph() -> dict[str, set[str]]:
     g: dict[str, set[str]] = {}
     for name, path in known.items():
         deps = set()
-        for target in imports(path, known):
-            if target not in known:
-                continue
-            # a package's own ancestors are loaded by Python before the module anyway
-            if name == target or name.startswith(target + "."):
-                continue
-            deps.add(target)
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+        for target in imports(path.read_text(encoding="utf-8"), package, known):
+            if target in known and target != name:
+                deps.add(target)
         g[name] = deps
     return g
 
@@ -201,11 +220,10 @@ def test_the_installable_package_never_imports_the_trainer() -> None:
 
 def test_the_trainer_imports_only_the_public_faces() -> None:
     g = graph()
-    outside = {f"{n} -> {d}" for n, deps in g.items() if n == "trainer" or n.startswith("trainer.")
-               for d in deps if d.startswith("reward_server") and d != "reward_server"
-               and not any(d == f or d.startswith(f + ".") for f in PUBLIC_FACES)}
-    assert sorted(outside - PENDING_TRAINER_EDGES) == []
-    assert sorted(PENDING_TRAINER_EDGES - outside) == []  # moved onto a face: drop it here
+    outside = sorted(f"{n} -> {d}" for n, deps in g.items() if n == "trainer" or n.startswith("trainer.")
+                     for d in deps if d.startswith("reward_server") and d != "reward_server"
+                     and not any(d == f or d.startswith(f + ".") for f in PUBLIC_FACES))
+    assert outside == []
 
 
 def test_the_checker_sees_cycles_and_violations() -> None:
@@ -214,3 +232,6 @@ def test_the_checker_sees_cycles_and_violations() -> None:
     g = graph()
     assert "reward_server.config" in g["reward_server.app"]  # it does read edges
     assert "reward_server.serving._private.runtime" in g["reward_server.serving.start"]  # deferred
+    relative = "from . import status\nfrom ..api import wire\nfrom .server import create_server\n"
+    assert list(imports(relative, "reward_server.rpc", modules())) == [
+        "reward_server.rpc.status", "reward_server.api.wire", "reward_server.rpc.server"]

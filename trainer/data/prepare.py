@@ -21,7 +21,7 @@ Writes, per ``--format`` (default: verl and trl):
   --data.input_key input --data.label_key label --data.apply_chat_template
   --reward.remote_url http://HOST:PORT/openrlhf/reward`` (docs/http.md).
 
-Every format carries one row contract (:mod:`reward_server.integrations.extra_info`):
+Every format carries one row contract (:mod:`reward_server.api.rows`):
 ``extra_info = {"score_item": <reward.v1.ScoreItem JSON without its response>, "user_id",
 "index"}``. Files prepared before it are refused with a message to re-run this command.
 
@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reward_server.domain import ParlVariant, RubricAggregate
-from reward_server.integrations.extra_info import TEMPLATE_KEY, read_row
+from reward_server.api.rows import TEMPLATE_KEY, read_row
+from reward_server.domain import ParlVariant, RewardKind, RubricAggregate
 from trainer.data.loaders import (
     CONTEXT_LABELS,
     LOADERS,
@@ -158,7 +158,7 @@ def to_openrlhf(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def check_prepared(path: Path) -> None:
     """Refuse a prepared verl/TRL parquet whose first row is not of the current row contract
-    (:class:`~reward_server.integrations.extra_info.ExtraInfoError`, which says to re-run this
+    (:class:`~reward_server.api.rows.ExtraInfoError`, which says to re-run this
     command): a training run then stops before it loads a model, not at its first reward."""
     import pyarrow.parquet as pq
 
@@ -235,7 +235,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", type=Path, help="JSONL {user_id, rules}")
     p.add_argument("--constraints", type=Path, help="JSONL {user_id, answer, preference}")
     p.add_argument("--variant", choices=[v.value for v in ParlVariant], default="A")
-    p.add_argument("--reward-kind", choices=PERSONALIZED_KINDS, default="rubric_score")
+    p.add_argument("--reward-kind", choices=[k.value for k in PERSONALIZED_KINDS],
+                   default=RewardKind.RUBRIC_SCORE.value)
     p.add_argument("--weights", help="rubric_score=0.5,nli_constraints=0.5 (weighted kind)")
     p.add_argument("--aggregate", choices=[a.value for a in RubricAggregate])
     p.add_argument("--history-limit", type=int, default=10)
@@ -268,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("no data: pass --sample or at least one --source FORMAT=PATH")
         train, val = split(groups, args.val_size)
         opts: dict[str, Any] = {
-            "variant": ParlVariant(args.variant), "reward_kind": args.reward_kind,
+            "variant": ParlVariant(args.variant), "reward_kind": RewardKind(args.reward_kind),
             "weights": _weights(args.weights), "history_limit": args.history_limit,
             "aggregate": RubricAggregate(args.aggregate) if args.aggregate else None,
         }

@@ -15,7 +15,9 @@ from collections.abc import Mapping
 
 from reward_server.domain import (
     ItemSpec,
+    LeafSpec,
     NliConstraintsSpec,
+    RewardKind,
     RubricAggregate,
     RubricScoreSpec,
     WeightedPart,
@@ -37,7 +39,8 @@ Now write this user's {text_lower} for the following {context_lower}.
 {context_label}: {query}
 
 Answer with the {text_lower} only."""
-DEFAULT_WEIGHTS = {"rubric_score": 0.5, "nli_constraints": 0.5}
+# the weighted kind's parts, in order, with their default weights
+DEFAULT_WEIGHTS = {RewardKind.RUBRIC_SCORE: 0.5, RewardKind.NLI_CONSTRAINTS: 0.5}
 
 
 def build_prompt(record: UserRecord, *, history_limit: int = 10) -> list[dict[str, str]]:
@@ -52,40 +55,45 @@ def build_prompt(record: UserRecord, *, history_limit: int = 10) -> list[dict[st
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
-def _weights(weights: Mapping[str, float] | None) -> tuple[float, float]:
-    w = dict(weights or DEFAULT_WEIGHTS)
-    unknown = set(w) - set(DEFAULT_WEIGHTS)
-    if unknown or not sum(w.values()) > 0 or any(v < 0 for v in w.values()):
-        raise ValueError(f"weights {w}: keys rubric_score/nli_constraints, non-negative, "
-                         "positive sum")
-    return float(w.get("rubric_score", 0.0)), float(w.get("nli_constraints", 0.0))
+def _weights(weights: Mapping[str, float] | None) -> dict[RewardKind, float]:
+    """Each part's weight (keys: the parts' kinds, as ``--weights`` names them)."""
+    names = [k.value for k in DEFAULT_WEIGHTS]
+    given = {str(k): float(v) for k, v in (weights or DEFAULT_WEIGHTS).items()}
+    if (set(given) - set(names) or not sum(given.values()) > 0
+            or any(v < 0 for v in given.values())):
+        raise ValueError(f"weights {given}: keys {'/'.join(names)}, non-negative, positive sum")
+    return {k: given.get(k.value, 0.0) for k in DEFAULT_WEIGHTS}
 
 
 def build_spec(
     record: UserRecord,
     *,
-    reward_kind: str = "rubric_score",
+    reward_kind: RewardKind = RewardKind.RUBRIC_SCORE,
     weights: Mapping[str, float] | None = None,
     aggregate: RubricAggregate | None = None,
 ) -> ItemSpec:
-    """The row's reward item, its response left empty (the rollout fills it in)."""
+    """The row's reward item, its response left empty (the rollout fills it in): the rubric
+    score, the NLI constraints, or both as the weighted kind's parts (``weights``)."""
     if reward_kind not in PERSONALIZED_KINDS:
-        raise ValueError(f"reward kind {reward_kind!r}: choose one of {PERSONALIZED_KINDS}")
+        raise ValueError(f"reward kind {reward_kind!r}: choose one of "
+                         f"{[k.value for k in PERSONALIZED_KINDS]}")
     where = record.source or "<records>"
-    needs_rules = reward_kind in ("rubric_score", "weighted")
-    needs_nli = reward_kind in ("nli_constraints", "weighted")
-    if needs_rules and not record.rules:
-        raise DataFormatError(where, None, "rules", f"user {record.user_id!r} has no induced "
-                              f"rules; {reward_kind} needs them (pass --rules FILE)")
-    if needs_nli and not (record.answer and record.preference):
-        raise DataFormatError(where, None, "answer/preference", f"user {record.user_id!r} has "
-                              f"no NLI constraints; {reward_kind} needs them (pass --constraints)")
-    rubric = RubricScoreSpec(context=record.target.context, text="", rules=record.rules,
-                             task=record.task, aggregate=aggregate)
-    nli = NliConstraintsSpec(response="", answer=record.answer, preference=record.preference)
-    if reward_kind == "rubric_score":
-        return rubric
-    if reward_kind == "nli_constraints":
-        return nli
-    w_rubric, w_nli = _weights(weights)
-    return WeightedSpec(parts=(WeightedPart(w_rubric, rubric), WeightedPart(w_nli, nli)))
+    leaves: dict[RewardKind, LeafSpec] = {}
+    if reward_kind in (RewardKind.RUBRIC_SCORE, RewardKind.WEIGHTED):
+        if not record.rules:
+            raise DataFormatError(where, None, "rules", f"user {record.user_id!r} has no induced "
+                                  f"rules; {reward_kind.value} needs them (pass --rules FILE)")
+        leaves[RewardKind.RUBRIC_SCORE] = RubricScoreSpec(
+            context=record.target.context, text="", rules=record.rules, task=record.task,
+            aggregate=aggregate)
+    if reward_kind in (RewardKind.NLI_CONSTRAINTS, RewardKind.WEIGHTED):
+        if not (record.answer and record.preference):
+            raise DataFormatError(where, None, "answer/preference", f"user {record.user_id!r} "
+                                  f"has no NLI constraints; {reward_kind.value} needs them (pass "
+                                  "--constraints)")
+        leaves[RewardKind.NLI_CONSTRAINTS] = NliConstraintsSpec(
+            response="", answer=record.answer, preference=record.preference)
+    if reward_kind is not RewardKind.WEIGHTED:
+        return leaves[reward_kind]
+    return WeightedSpec(parts=tuple(WeightedPart(weight, leaves[kind])
+                                    for kind, weight in _weights(weights).items()))

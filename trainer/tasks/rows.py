@@ -1,15 +1,15 @@
 """One training row per user record, for either task (the tasks' common entry point).
 
 Its ``extra_info`` is written by the row contract's one writer,
-:func:`reward_server.integrations.extra_info.extra_info`."""
+:func:`reward_server.api.rows.extra_info`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from reward_server.domain import ItemSpec, ParlVariant, RubricAggregate
-from reward_server.integrations.extra_info import extra_info
+from reward_server.api.rows import extra_info
+from reward_server.domain import ItemSpec, ParlVariant, RewardKind, RubricAggregate
 from trainer.data.records import UserRecord
 from trainer.tasks import personalized_generator, rubric_generator
 from trainer.tasks.common import TASK_NAMES, data_source
@@ -21,7 +21,7 @@ def build_row(
     index: int,
     *,
     variant: ParlVariant = ParlVariant.PARL_A,
-    reward_kind: str = "rubric_score",
+    reward_kind: RewardKind = RewardKind.RUBRIC_SCORE,
     weights: Mapping[str, float] | None = None,
     aggregate: RubricAggregate | None = None,
     history_limit: int = 10,

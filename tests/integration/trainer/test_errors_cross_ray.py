@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 
+from reward_server.api.rows import ExtraInfoError, extra_info
 from reward_server.client import RewardCallError
 from reward_server.domain import NliConstraintsSpec
-from reward_server.integrations.extra_info import ExtraInfoError, extra_info
 from reward_server.integrations.probe import ServerUnreachable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

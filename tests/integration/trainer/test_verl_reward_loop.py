@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is the train extra: pip install -e .[train]")
 
+from reward_server.api.rows import read_row
 from reward_server.client import RewardCallError
 from reward_server.integrations import verl as rv
 from trainer import verl_runner
@@ -154,4 +155,5 @@ def test_reward_loop_manager_masks_infra_failures_on_request(ray_session, tokeni
         stop(mgr)
     assert all(math.isnan(s) for s in out.batch["rm_scores"].sum(dim=-1).tolist())
     assert out.non_tensor_batch["reward_masked"].tolist() == [1.0, 1.0]
-    assert set(out.meta_info["reward_extra_keys"]) == set(rv.masked_dict("parl_reward"))
+    names = read_row(rows[0]["extra_info"]).component_names  # a PARL row's own components
+    assert set(out.meta_info["reward_extra_keys"]) == set(rv.masked_dict(names))

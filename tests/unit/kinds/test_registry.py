@@ -8,9 +8,10 @@ import typing
 
 import pytest
 
-from reward_server import components, kinds
 from reward_server import domain as d
+from reward_server import kinds
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api.kinds import FACTS, is_declared
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.errors import InvalidRequest
 from reward_server.nli.settings import NLISettings
@@ -30,11 +31,11 @@ SPECS: dict[d.RewardKind, d.ItemSpec] = {
 
 
 def test_every_reward_kind_is_declared_once_with_the_declared_components() -> None:
-    assert set(kinds.KINDS) == set(d.RewardKind)
+    assert set(kinds.KINDS) == set(d.RewardKind) == set(FACTS)
     assert {k.spec for k in kinds.KINDS.values()} == set(typing.get_args(d.ItemSpec))  # of() is total
     for kind, decl in kinds.KINDS.items():
         assert decl.kind is kind
-        assert decl.components == components.COMPONENTS[kind]
+        assert decl.facts is FACTS[kind] and decl.components == FACTS[kind].components
 
 
 def test_each_kind_names_its_proto_field_and_response_field() -> None:
@@ -86,7 +87,7 @@ async def test_the_service_scores_every_kind_through_its_declaration() -> None:
     assert batch.nli_pairs == 2 + 2  # the NLI item's and the weighted item's NLI part
     for result, (kind, _spec) in zip(await s.score(batch), SPECS.items(), strict=True):
         assert result.item_id == kind.value and result.reward is not None
-        assert all(components.is_declared(kind, name) for name in result.components)
+        assert all(is_declared(kind, name) for name in result.components)
 
 
 async def test_an_empty_response_is_penalised_under_its_kind_field_name() -> None:
@@ -97,12 +98,3 @@ async def test_an_empty_response_is_penalised_under_its_kind_field_name() -> Non
         outcome = await s.leaf(spec)
         assert outcome.policy_invalid == f"{where} is empty"
         assert outcome.reward == s.settings.policy_invalid_penalty
-
-
-def test_the_client_side_response_fields_match_the_registry() -> None:
-    """The row contract (client side: integrations may not import kinds) fills the same response
-    field each kind declares; a new kind missing there fails here, not in a trainer."""
-    from reward_server.integrations import extra_info
-
-    leaf = {k.proto_field: k.response_field for k in kinds.KINDS.values() if k.response_field}
-    assert extra_info._RESPONSE_FIELD == leaf

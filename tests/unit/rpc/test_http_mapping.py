@@ -12,7 +12,8 @@ import pytest
 
 from reward_server import errors
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.rpc import jsonmap, openrlhf
+from reward_server.api import jsonmap
+from reward_server.rpc import openrlhf
 from reward_server.rpc.auth import TokenCheck
 from reward_server.rpc.settings import OPENRLHF_END_MARKERS
 from reward_server.rpc.status import HTTP_STATUS, http_headers_for, http_status_for

@@ -24,7 +24,8 @@ from reward_server.domain import (
     WeightedSpec,
 )
 from reward_server.errors import EngineError, InvalidRequest
-from reward_server.service import Limits, RewardService, ServiceSettings, weighted_mean
+from reward_server.kinds.weighted import weighted_mean
+from reward_server.service import Limits, RewardService, ServiceSettings
 
 RULE = 'The text uses the word "alpha".'
 NLI = NliConstraintsSpec("Paris is big.", "Paris", "big")
@@ -153,7 +154,7 @@ async def test_induction_resolves_the_default_sample_count_once() -> None:
 @pytest.mark.parametrize("weighted", [False, True])
 async def test_a_history_over_its_limit_is_refused_before_it_is_converted(weighted: bool) -> None:
     from reward_server._proto.reward.v1 import reward_pb2 as pb
-    from reward_server.rpc import convert
+    from reward_server.api import score_call
 
     parl = pb.ParlReward(policy_output="[]", variant=pb.PARL_VARIANT_A, baselines=["b"],
                          target=pb.HistoryItem(text="t"),
@@ -165,7 +166,7 @@ async def test_a_history_over_its_limit_is_refused_before_it_is_converted(weight
     # the proto's path, not the converted item's ("items[0] (id ...)"): counted before conversion
     with pytest.raises(InvalidRequest, match=where + r"\.history: 5000 entries exceed "
                        r"service\.limits\.max_history_items=64"):
-        await convert.score_items(raw, service().batch_check())
+        await score_call.score_items(raw, service().batch_check())
 
 
 class CountingJudge(FakeJudge):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reward_server.domain import ParlVariant, Task
-from reward_server.integrations.extra_info import read_row
+from reward_server.api.rows import read_row
+from reward_server.domain import ParlVariant, RewardKind, Task
 from trainer.data import loaders
 from trainer.data.prepare import (
     SAMPLE_DIR,
@@ -151,7 +151,7 @@ def test_rubric_prompt_is_the_servers_generator_prompt() -> None:
 
 def test_personalized_rows_need_rules_and_trl_rows_carry_extra_info(tmp_path: Path) -> None:
     records = sample_records()
-    rows = build_rows(records, "personalized_generator", reward_kind="weighted",
+    rows = build_rows(records, "personalized_generator", reward_kind=RewardKind.WEIGHTED,
                       weights={"rubric_score": 3.0, "nli_constraints": 1.0})
     parts = json.loads(rows[0]["extra_info"]["score_item"])["weighted"]["parts"]
     assert [(p["weight"], *(k for k in p if k != "weight")) for p in parts] == [
@@ -161,7 +161,7 @@ def test_personalized_rows_need_rules_and_trl_rows_carry_extra_info(tmp_path: Pa
     assert json.loads(trl[2]["extra_info_json"]) == rows[2]["extra_info"]
     bare = records[0].with_extras(rules=())
     with pytest.raises(DataFormatError, match="no induced rules"):
-        build_rows([bare], "personalized_generator", reward_kind="rubric_score")
+        build_rows([bare], "personalized_generator", reward_kind=RewardKind.RUBRIC_SCORE)
     assert main(["--task", "rubric_generator", "--out", str(tmp_path)]) == 2
 
 

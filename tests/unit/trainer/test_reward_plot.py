@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("pyarrow")
 
+from reward_server.api.rows import extra_info
 from reward_server.domain import NliConstraintsSpec, RubricScoreSpec
-from reward_server.integrations.extra_info import extra_info
 from trainer.run_log import data_kinds, plot_rewards, plot_title, reward_figure, reward_rows
 
 PROVENANCE = {"judge_model": "smollm2-local", "nli_model": "judge-as-nli:smollm2-local"}

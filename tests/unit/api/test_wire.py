@@ -7,8 +7,8 @@ import random
 import pytest
 
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import wire
 from reward_server.errors import InvalidRequest
-from reward_server.rpc import wire
 
 
 def _request(rng: random.Random) -> pb.InduceRubricsRequest:

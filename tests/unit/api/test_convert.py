@@ -4,8 +4,8 @@ import pytest
 
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import convert, score_call
 from reward_server.errors import InvalidRequest
-from reward_server.rpc import convert
 
 H = (d.HistoryItem("ctx one", "text one"), d.HistoryItem("", "text two"))
 RUBRIC = d.RubricScoreSpec(
@@ -85,7 +85,7 @@ async def test_the_items_of_one_request_share_their_rule_strings() -> None:
     raw = pb.ScoreRequest(items=[
         pb.ScoreItem(id=f"i{k}", rubric_score=pb.RubricScore(text=f"text {k}", rules=rules)) for k in range(3)
     ]).SerializeToString()
-    items = await convert.score_items(raw, _check())
+    items = await score_call.score_items(raw, _check())
     first = items[0].spec
     assert isinstance(first, d.RubricScoreSpec) and list(first.rules) == rules
     for item in items[1:]:

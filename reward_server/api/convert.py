@@ -1,25 +1,20 @@
-"""Protobuf <-> domain conversion. Structural problems (no reward kind, unset enum) raise
-:class:`InvalidRequest` naming the item and field; semantic checks (counts, texts, judgments)
-live in the service's validation, which :func:`score_items` runs item by item as it converts.
-A ScoreItem's ``oneof kind`` field is the value of its :class:`~reward_server.domain.RewardKind`;
+"""Protobuf <-> domain conversion, one message at a time. Structural problems (no reward kind,
+unset enum) raise :class:`InvalidRequest` naming the item and field; semantic checks (counts,
+texts, judgments) live in the service's validation, which
+:func:`reward_server.api.score_call.score_items` runs item by item as it converts. A
+ScoreItem's ``oneof kind`` field is the value of its :class:`~reward_server.domain.RewardKind`;
 the conversions below ``match`` on it (mypy checks each is exhaustive).
-
-:func:`score_items` and :func:`score_response` convert a whole Score call item by item with
-:func:`reward_server.cooperative.turn` between items (the largest call allowed never holds the
-event loop for long); the single-message functions are for everything else.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeVar, assert_never
+from typing import Any, TypeVar, assert_never
 
-from reward_server import cooperative
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import InvalidRequest, quote
-from reward_server.rpc import wire
 
 V = TypeVar("V")
 
@@ -126,9 +121,9 @@ def _leaf_from_proto(
         case d.RewardKind.WEIGHTED:  # pragma: no cover - a WeightedPart has no weighted field
             raise InvalidRequest(f"{where}: combinations do not nest")
         case None:
+            fields = msg.DESCRIPTOR.oneofs_by_name["kind"].fields
             raise InvalidRequest(
-                f"{where}: no reward kind set; set one of rubric_score, parl_reward, nli_constraints"
-                + (", weighted" if isinstance(msg, pb.ScoreItem) else "")
+                f"{where}: no reward kind set; set one of {', '.join(f.name for f in fields)}"
             )
         case _:
             assert_never(kind)
@@ -156,85 +151,6 @@ def item_from_proto(msg: pb.ScoreItem, index: int, strings: dict[str, str] | Non
     else:
         spec = _leaf_from_proto(msg, kind, where, strings)
     return d.ScoreItem(item_id=msg.id or f"#{index}", spec=spec)
-
-
-class BatchCheck(Protocol):
-    """Validation of a Score batch as it is converted
-    (:class:`reward_server.service.validation.BatchCheck`)."""
-
-    max_items: int
-    max_item_bytes: int
-
-    def size(self, n: int) -> None:
-        """Refuse a batch of ``n`` items (``max_items + 1``: more than allowed)."""
-
-    def item(self, item: d.ScoreItem, index: int) -> None:
-        """Refuse item ``index``, converted."""
-
-    def entries(self, n: int, name: str, where: str) -> None:
-        """Refuse ``n`` entries of a repeated field at ``where`` over the limit ``name``
-        (a field of ``service.limits``), before they are converted."""
-
-
-def _precount(msg: pb.ScoreItem, index: int, check: BatchCheck) -> None:
-    """The repeated fields whose conversion costs per entry, counted before any is converted
-    (one item of 200,000 history entries held the event loop 0.7 s before validation saw it)."""
-    where = f"items[{index}]"
-    match msg.WhichOneof("kind"):
-        case "parl_reward":
-            check.entries(len(msg.parl_reward.history), "max_history_items",
-                          f"{where}.parl_reward.history")
-        case "weighted":
-            parts = msg.weighted.parts
-            check.entries(len(parts), "max_weighted_parts", f"{where}.weighted.parts")
-            for j, part in enumerate(parts):
-                if part.WhichOneof("kind") == "parl_reward":
-                    check.entries(len(part.parl_reward.history), "max_history_items",
-                                  f"{where}.weighted.parts[{j}].parl_reward.history")
-        case _:
-            pass
-
-
-async def score_items(raw: bytes, check: BatchCheck) -> list[d.ScoreItem]:
-    """The items of an encoded ScoreRequest, parsed and converted one at a time.
-    ``check.size(n)`` sees the number of items before any is parsed (and ``n = max_items + 1``
-    as soon as the split meets one item more than ``max_items``: it must refuse it),
-    ``check.item(item, i)`` each item as soon as it is converted (either may refuse, before
-    the rest is parsed)."""
-    max_item_bytes = check.max_item_bytes
-    elements, rest = wire.split_repeated(  # stops at the first item past the cap
-        raw, 1, "reward.v1.ScoreRequest", max_elements=check.max_items, too_many=check.size
-    )
-    if rest:
-        wire.parse(pb.ScoreRequest, rest)  # other (unknown) fields must still be well-formed
-    check.size(len(elements))
-    items: list[d.ScoreItem] = []
-    # Items of one request mostly share their rules (one user's rubric over many texts); the
-    # wire gives each item new string objects: keep one of each (a 1,024-item x 64-rule request
-    # held 65,536 rule strings, ~7 MiB of its peak, measured with tracemalloc)
-    strings: dict[str, str] = {}
-    for i, element in enumerate(elements):
-        await cooperative.turn(urgent=True)  # admission decides only after this: keep it quick
-        if len(element) > max_item_bytes:
-            raise InvalidRequest(
-                f"items[{i}]: {len(element)} bytes exceed service.limits.max_item_bytes="
-                f"{max_item_bytes}; send smaller items"
-            )
-        msg = wire.parse(pb.ScoreItem, element, f"reward.v1.ScoreItem at items[{i}]")
-        _precount(msg, i, check)
-        item = item_from_proto(msg, i, strings)
-        check.item(item, i)
-        items.append(item)
-    return items
-
-
-async def score_response(results: Sequence[d.ItemResult]) -> pb.ScoreResponse:
-    """The ScoreResponse of ``results``, built one result at a time."""
-    response = pb.ScoreResponse()
-    for r in results:
-        await cooperative.turn(urgent=True)  # finishing a call frees its capacity
-        response.results.append(result_to_proto(r))
-    return response
 
 
 def _leaf_to_proto(spec: d.LeafSpec, msg: pb.ScoreItem | pb.WeightedPart) -> None:

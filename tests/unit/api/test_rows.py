@@ -1,4 +1,4 @@
-"""The training-row contract (reward_server.integrations.extra_info): one writer, one reader, one
+"""The training-row contract (reward_server.api.rows): one writer, one reader, one
 fill_response, for verl (dict), TRL (JSON text) and OpenRLHF (the label) alike; old rows refused."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from reward_server import domain as d
-from reward_server.integrations.extra_info import (
+from reward_server.api.convert import item_from_proto
+from reward_server.api.rows import (
     ExtraInfoError,
     extra_info,
     fill_response,
     read_row,
 )
 from reward_server.rpc import openrlhf
-from reward_server.rpc.convert import item_from_proto
 
 HISTORY = (d.HistoryItem("Article: a", "Why a? At last"), d.HistoryItem("Article: b", "Why b?"))
 RUBRIC = d.RubricScoreSpec(context="Article: c", text="", rules=("r1", "r2"), task=d.Task.NEWS,

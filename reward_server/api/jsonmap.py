@@ -3,8 +3,9 @@ with the proto field names (``timings_ms``, ``policy_output``; snake_case) and e
 printed, defaults included (a reward of 0.0 is written, not left out).
 
 Input accepts both the proto names and the lowerCamelCase JSON names (``timingsMs``), as
-json_format does. The HTTP/JSON door, the CLI's JSON output and the OpenRLHF labels written by
-``trainer.data.prepare --format openrlhf`` all use this module.
+json_format does. The HTTP/JSON door (which reads a body with bounded nesting first,
+:func:`reward_server.rpc.jsonlimits.parse_message`), the CLI's JSON output and the training
+rows' templates (:mod:`reward_server.api.rows`, OpenRLHF's labels too) all use this module.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from reward_server.errors import InvalidRequest
-from reward_server.rpc import jsonlimits
 
 M = TypeVar("M", bound=Message)
 
@@ -38,14 +38,6 @@ def parse(cls: type[M], body: bytes | str, what: str | None = None) -> M:
         raise InvalidRequest(
             f"the body is not a JSON {name} ({_proto_names(cls, str(e))}); send its proto3 JSON mapping"
         ) from None
-
-
-def parse_bounded(cls: type[M], body: bytes | bytearray, *, max_depth: int, max_values: int) -> M:
-    """``cls`` from a JSON body read with bounded nesting and values
-    (:mod:`reward_server.rpc.jsonlimits`), booleans refused where numbers are expected."""
-    data = jsonlimits.loads(body, max_depth=max_depth, max_values=max_values, what="the body")
-    jsonlimits.refuse_booleans(cls.DESCRIPTOR, data, "body")
-    return parse_dict(cls, data, "the body")
 
 
 def parse_dict(cls: type[M], data: Any, what: str) -> M:

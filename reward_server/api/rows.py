@@ -7,14 +7,15 @@ A row's ``extra_info`` (verl parquet column ``extra_info``; TRL parquet column
      "user_id": "u1", "index": 0}
 
 ``score_item`` is the item's *template*: everything the reward needs but the rollout, in the
-JSON convention of :mod:`reward_server.rpc.jsonmap` (protobuf's ``json_format``, proto field
+JSON convention of :mod:`reward_server.api.jsonmap` (protobuf's ``json_format``, proto field
 names). OpenRLHF's ``label`` column is the same text (:mod:`reward_server.rpc.openrlhf`). The
 reward kind is the ScoreItem's own ``kind`` oneof; no other key names it.
 
 :func:`extra_info` writes a row (``python -m trainer.data.prepare`` writes every row through
 it); :func:`read_row` reads one back and :func:`fill_response` puts one rollout into the
-template's response field (``rubric_score.text``, ``parl_reward.policy_output``,
-``nli_constraints.response``; every part of a weighted item), giving the ScoreItem to send.
+template's response field (each kind's ``response_field`` in :data:`reward_server.api.kinds.FACTS`:
+``rubric_score.text``, ``parl_reward.policy_output``, ``nli_constraints.response``; every part
+of a weighted item), giving the ScoreItem to send.
 The TRL and verl reward functions and the OpenRLHF route all use these.
 
 Rows in the format before this one (keys ``kind``, ``history``, ``rules``, ... and no
@@ -22,11 +23,13 @@ Rows in the format before this one (keys ``kind``, ``history``, ``rules``, ... a
 file is derived from the raw data by one fast, deterministic command, and reading both formats
 would keep a second contract alive.
 
-Also the fixed component keys each kind reports to a trainer, read from the server's one
-declaration (:mod:`reward_server.components`): verl builds its per-sample metric arrays from the
-FIRST result's keys, so every result of a run must carry the same keys. A component the server
-did not compute (e.g. after a policy-invalid output) is 0.0 with its ``<name>_mask`` 0.0
-(:func:`reward_server.components.with_masks`), never NaN.
+Also the fixed components a row's item reports, which every trainer logs
+(:attr:`Row.component_names`, read from the template's own shape by
+:func:`reward_server.api.kinds.component_names`: a weighted row logs its own parts' components):
+verl builds its per-sample metric arrays from the FIRST result's keys, so every result of a run
+must carry the same keys. A component the server did not compute (e.g. after a policy-invalid
+output) is 0.0 with its ``<name>_mask`` 0.0 (:func:`reward_server.components.with_masks`),
+never NaN.
 """
 
 from __future__ import annotations
@@ -37,28 +40,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.message import Message
 
-from reward_server import components
 from reward_server._proto.reward.v1 import reward_pb2 as pb
+from reward_server.api import jsonmap, kinds
+from reward_server.api.convert import item_from_proto, item_to_proto
 from reward_server.domain import ItemSpec, RewardKind, ScoreItem
 from reward_server.errors import InvalidRequest
-from reward_server.rpc import jsonmap
-from reward_server.rpc.convert import item_from_proto, item_to_proto
 
 TEMPLATE_KEY = "score_item"
 PREPARE = "python -m trainer.data.prepare"
-# The weighted kind the trainer builds: part 0 the rubric score, part 1 the NLI constraints.
-WEIGHTED_PARTS = (RewardKind.RUBRIC_SCORE, RewardKind.NLI_CONSTRAINTS)
-COMPONENT_KEYS: dict[str, tuple[str, ...]] = {
-    **{k.value: components.fixed_names(k) for k in components.LEAF_KINDS},
-    RewardKind.WEIGHTED.value: components.weighted_names(WEIGHTED_PARTS),
-}
-STATUS_KEYS = ("policy_invalid", "reward_masked")
-# The field of each leaf message that holds the rollout (the oneof case names the message).
-_RESPONSE_FIELD = {
-    "rubric_score": "text", "parl_reward": "policy_output", "nli_constraints": "response",
-}
 _OLD_KEYS = ("kind", "history", "rules", "answer")
 
 
@@ -68,20 +58,12 @@ class ExtraInfoError(InvalidRequest, ValueError):
     OpenRLHF route answers it as one."""
 
 
-def leaves(item: pb.ScoreItem) -> list[tuple[Message, str]]:
-    """``(message, oneof case)`` of each leaf of ``item``: the item, or each weighted part."""
-    case = item.WhichOneof("kind")
-    if case == "weighted":
-        return [(part, part.WhichOneof("kind") or "") for part in item.weighted.parts]
-    return [(item, case or "")]
-
-
 def check_template(item: pb.ScoreItem, where: str) -> None:
     """ExtraInfoError naming ``where`` unless ``item`` sets a reward kind in each leaf."""
-    found = leaves(item)
-    if not found or any(case not in _RESPONSE_FIELD for _, case in found):
-        raise ExtraInfoError(f"{where}: the ScoreItem sets no reward kind (one of rubric_score, "
-                             "parl_reward, nli_constraints, weighted)")
+    found = kinds.leaves(item)
+    if not found or any(facts is None or not facts.leaf for _, facts in found):
+        raise ExtraInfoError(f"{where}: the ScoreItem sets no reward kind (one of "
+                             f"{', '.join(f.proto_field for f in kinds.FACTS.values())})")
 
 
 def fill_response(template: pb.ScoreItem, response: str, *, where: str) -> pb.ScoreItem:
@@ -89,15 +71,15 @@ def fill_response(template: pb.ScoreItem, response: str, *, where: str) -> pb.Sc
     response field is already set is refused (ValueError naming ``where``)."""
     item = pb.ScoreItem()
     item.CopyFrom(template)
-    for msg, case in leaves(item):
-        name = _RESPONSE_FIELD.get(case)
-        if name is None:
+    for msg, facts in kinds.leaves(item):
+        if facts is None or facts.response_field is None:
             raise ExtraInfoError(f"{where}: a leaf sets no reward kind (one of "
-                                 f"{', '.join(_RESPONSE_FIELD)})")
-        leaf = getattr(msg, case)
+                                 f"{', '.join(kinds.LEAF_FIELDS)})")
+        name = facts.response_field
+        leaf = getattr(msg, facts.proto_field)
         if getattr(leaf, name):
-            raise ExtraInfoError(f"{where}: the template's {case}.{name} is set; leave it out, "
-                                 "the response is filled in from the rollout")
+            raise ExtraInfoError(f"{where}: the template's {facts.proto_field}.{name} is set; "
+                                 "leave it out, the response is filled in from the rollout")
         setattr(leaf, name, response)
     return item
 
@@ -125,9 +107,14 @@ class Row:
     index: int
 
     @property
-    def kind(self) -> str:
-        """The reward kind (``RewardKind`` value): the template's oneof case."""
-        return str(self.template.WhichOneof("kind"))
+    def kind(self) -> RewardKind:
+        """The reward kind: the template's oneof case (:func:`read_row` checked it is set)."""
+        return RewardKind(self.template.WhichOneof("kind"))
+
+    @property
+    def component_names(self) -> tuple[str, ...]:
+        """The fixed components the row's item reports: what a trainer logs for it."""
+        return kinds.component_names(self.template)
 
     def item(self, response: str, *, item_id: str) -> ScoreItem:
         """The item to score: the template with ``response`` filled in, called ``item_id``."""
