@@ -141,7 +141,7 @@ async def main() -> None:
                 f"serving.ray.transport={transport}"], env={}))
             apps.append(app)
             hostings[f"Ray Serve deployment, transport {transport}"] = (
-                app.engines.ray_judge.p_yes, replica_pids(f"hop{transport}-judge"))
+                app.hosting.engines.ray_judge.p_yes, replica_pids(f"hop{transport}-judge"))
         # opened after Ray is up: in one run with this channel opened first, Ray's start timed out
         port = free_port()
         proc = subprocess.Popen([sys.executable, __file__, "--bare-port", str(port)], cwd=REPO)

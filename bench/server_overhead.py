@@ -38,6 +38,7 @@ from reward_server.app import build_service, start_app
 from reward_server.backends.fake import FakeJudge, FakeNLI
 from reward_server.client import AsyncRewardClient
 from reward_server.config import RewardServerConfig, load_config
+from reward_server.rpc.backend import LocalBackend
 from reward_server.rpc.server import create_server
 from reward_server.service import RewardService
 
@@ -87,7 +88,7 @@ async def run(
 
 
 async def grpc_scorer(config: RewardServerConfig, service: RewardService) -> tuple[Any, Any]:
-    server, port = create_server(config.server, service)
+    server, port = create_server(config.server, LocalBackend(service, config.server))
     await server.start()
     client = AsyncRewardClient(f"127.0.0.1:{port}", timeout_s=600)
     return server, client

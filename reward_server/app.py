@@ -18,44 +18,58 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reward_server import tracing
-from reward_server.compose import SERVER_GC_THRESHOLDS, build_service, engine_batches, tune_gc_for_serving
+from reward_server.backends.base import Health
+from reward_server.compose import (
+    SERVER_GC_THRESHOLDS,
+    LocalService,
+    build_service,
+    engine_batches,
+    tune_gc_for_serving,
+)
 from reward_server.config import RewardServerConfig, load_config
 from reward_server.errors import ConfigError
 from reward_server.metrics import MetricsServer
+from reward_server.rpc.backend import LocalBackend
+from reward_server.rpc.forwarding import ForwardBackend
 from reward_server.rpc.http import HttpDoor
 from reward_server.rpc.server import SHARE_PORT_HINT, RewardGrpcServer, create_server
 from reward_server.rpc.settings import host_port
-from reward_server.service import Admission, RewardService
-from reward_server.serving import Engines, JudgeFactory, NLIFactory, start_engines
+from reward_server.service import Admission
+from reward_server.serving import JudgeFactory, NLIFactory, start_engines
 
 __all__ = [
-    "SERVER_GC_THRESHOLDS", "RewardApp", "build_service", "check_port_free", "engine_batches",
-    "judge_app", "nli_app", "service_app", "start_app", "tune_gc_for_serving",
+    "SERVER_GC_THRESHOLDS", "Hosting", "LocalService", "RewardApp", "build_service",
+    "check_port_free", "engine_batches", "judge_app", "nli_app", "service_app", "start_app",
+    "tune_gc_for_serving",
 ]
 
 logger = logging.getLogger(__name__)
 
 
 class Hosting(Protocol):
-    """What a started server closes last: its engines, or the service replicas it forwards to."""
+    """What serves a started server's calls behind its doors: the service in this process over
+    its engines (:class:`~reward_server.compose.LocalService`), or the service replicas the calls
+    are forwarded to (``serving.ray.layout: service``,
+    :class:`~reward_server.serving._private.service_host.ServiceHost`). Its health drives the
+    server's; it closes last."""
+
+    async def health(self) -> Mapping[Any, Health]: ...
 
     async def close(self) -> None: ...
 
 
 @dataclass
 class RewardApp:
-    """A started reward server: its engines, service, gRPC server and HTTP/JSON door.
-
-    With ``serving.ray.layout: service`` the service and its engines run in the Serve replicas:
-    ``service`` is None and ``engines`` the :class:`ServiceHost` the calls go to."""
+    """A started reward server: what serves its calls (``hosting``), its gRPC server and its
+    HTTP/JSON door."""
 
     config: RewardServerConfig
-    engines: Engines | Hosting
-    service: RewardService | None
+    hosting: Hosting
     server: RewardGrpcServer
     port: int
     http: HttpDoor | None = None
@@ -81,11 +95,11 @@ class RewardApp:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
-            await self.engines.close()
+            await self.hosting.close()
 
     async def wait_for_termination(self) -> None:
         """Until a drain (SIGTERM, SIGINT or :meth:`stop`) has finished; then closes the HTTP
-        door and the engines."""
+        door and the hosting (the engines, or the service replicas' handles)."""
         try:
             await self.server.wait_for_termination()
         finally:
@@ -93,7 +107,7 @@ class RewardApp:
 
     async def stop(self, grace: float | None = None, *, drain_delay: float | None = None) -> None:
         """Drain (see :meth:`RewardGrpcServer.stop`; the HTTP door shares its gate, so its calls
-        are drained too), stop the HTTP door, then close the engines."""
+        are drained too), stop the HTTP door, then close the hosting."""
         try:
             await self.server.stop(grace, drain_delay=drain_delay)
         finally:
@@ -129,8 +143,9 @@ async def start_app(
         config.engines, config.serving, judge_factory=judge_factory, nli_factory=nli_factory
     )
     try:
-        service = build_service(config, engines)
-        server, port = create_server(config.server, service, health_probe=engines.health)
+        local = LocalService.build(config, engines)
+        server, port = create_server(config.server, LocalBackend(local.service, config.server),
+                                     health_probe=local.health)
         door, metrics_server = await _serve(config, server)
     except BaseException:
         await engines.close()
@@ -140,8 +155,8 @@ async def start_app(
         config.server.host, port, engines.judge.model_id, engines.nli.model_id,
         config.serving.mode, ", FAKE ENGINES" if config.engines.fake else "",
     )
-    return RewardApp(config=config, engines=engines, service=service, server=server, port=port,
-                     http=door, metrics=metrics_server)
+    return RewardApp(config=config, hosting=local, server=server, port=port, http=door,
+                     metrics=metrics_server)
 
 
 async def _serve(
@@ -189,8 +204,8 @@ async def _start_forwarding(
         admitted = config.service.admission
         admission = Admission(max_judgments=None, max_bytes=(
             admitted.max_request_bytes_in_flight if admitted.enabled else None))
-        server, port = create_server(config.server, None, health_probe=host.health,
-                                     forward=host.forward, admission=admission)
+        backend = ForwardBackend(host.forward, config.server, admission=admission)
+        server, port = create_server(config.server, backend, health_probe=host.health)
         door, metrics_server = await _serve(config, server)
     except BaseException:
         await host.close()
@@ -198,8 +213,8 @@ async def _start_forwarding(
     logger.info("reward server listening on %s:%d, forwarding to Serve application %s "
                 "(judge=%s, serving=ray, layout=service%s)", config.server.host, port,
                 host.app_name, host.model_id, ", FAKE ENGINES" if config.engines.fake else "")
-    return RewardApp(config=config, engines=host, service=None, server=server, port=port,
-                     http=door, metrics=metrics_server)
+    return RewardApp(config=config, hosting=host, server=server, port=port, http=door,
+                     metrics=metrics_server)
 
 
 def check_port_free(

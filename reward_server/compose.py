@@ -1,13 +1,17 @@
 """The pieces every reward server process composes the same way: the service over its engines
-(:func:`build_service`, its admission sized by :func:`engine_batches`) and the garbage collector
-of a serving process (:func:`tune_gc_for_serving`). Used by :mod:`reward_server.app` (the
-ingress and its in-process service) and :mod:`reward_server.service_deployment` (the replicas of
-``serving.ray.layout: service``)."""
+(:func:`build_service`, its admission sized by :func:`engine_batches`; :class:`LocalService`,
+the two together) and the garbage collector of a serving process (:func:`tune_gc_for_serving`).
+Used by :mod:`reward_server.app` (the ingress and its in-process service) and
+:mod:`reward_server.service_deployment` (the replicas of ``serving.ray.layout: service``)."""
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from reward_server.backends.base import Health
 from reward_server.backends.settings import JudgeNLISettings, judge_info
 from reward_server.config import RewardServerConfig
 from reward_server.service import RewardService
@@ -46,6 +50,26 @@ def build_service(config: RewardServerConfig, engines: Engines) -> RewardService
         nli_batch_items=nli_items,
         engine_info=judge_info(config.engines.judge),
     )
+
+
+@dataclass(frozen=True)
+class LocalService:
+    """The reward service in this process over its engines (in this process or as Ray Serve
+    engine deployments): what serves the calls of a server without service replicas, and of
+    each service replica."""
+
+    engines: Engines
+    service: RewardService
+
+    @classmethod
+    def build(cls, config: RewardServerConfig, engines: Engines) -> LocalService:
+        return cls(engines, build_service(config, engines))
+
+    async def health(self) -> Mapping[Any, Health]:
+        return await self.engines.health()
+
+    async def close(self) -> None:
+        await self.engines.close()
 
 
 SERVER_GC_THRESHOLDS = (25_000, 50, 100)  # gc.set_threshold of a serving process (see below)

@@ -2,10 +2,12 @@
 
 Each replica builds both engines in its own process (as ``serving.mode: inprocess`` would), the
 service over them (:func:`~reward_server.compose.build_service`: validation, admission sized by
-this replica's engines, scoring) and a :class:`~reward_server.rpc.servicer.RewardServicer`,
-and answers :meth:`ServiceReplica.call`: one reward.v1 call as bytes in, bytes out. The gRPC
-ingress (:mod:`reward_server.rpc.forwarding`) sends each call to one replica: one Ray hop per
-call, where ``layout: engines`` makes one per engine batch and parses in the ingress.
+this replica's engines, scoring) and a :class:`~reward_server.rpc.servicer.RewardServicer`
+over it (:class:`~reward_server.rpc.backend.LocalBackend`), and answers
+:meth:`ServiceReplica.call`: one reward.v1 call as bytes in, bytes out. The gRPC ingress (the
+same servicer over a :class:`~reward_server.rpc.forwarding.ForwardBackend`) sends each call to
+one replica: one Ray hop per call, where ``layout: engines`` makes one per engine batch and
+parses in the ingress.
 
 The replica runs the service on its own event loop: Serve's default hands every call to a
 second thread, and a replica that parses and scores whole calls then waits for the GIL between
@@ -20,9 +22,10 @@ import asyncio
 import logging
 from typing import Any
 
-from reward_server.compose import build_service, tune_gc_for_serving
+from reward_server.compose import LocalService, tune_gc_for_serving
 from reward_server.config import RewardServerConfig
 from reward_server.errors import BackendUnavailable
+from reward_server.rpc.backend import LocalBackend
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.status import portable
 from reward_server.serving import JudgeFactory, NLIFactory, start_engines
@@ -47,15 +50,16 @@ class ServiceReplica:
         nli_factory: NLIFactory | None = None,
     ) -> None:
         cfg = RewardServerConfig.model_validate(config)
-        self._engines = start_engines(cfg.engines, cfg.serving, judge_factory=judge_factory,
-                                      nli_factory=nli_factory)
-        self._servicer = RewardServicer(build_service(cfg, self._engines), cfg.server)
+        engines = start_engines(cfg.engines, cfg.serving, judge_factory=judge_factory,
+                                nli_factory=nli_factory)
+        self._local = LocalService.build(cfg, engines)
+        self._servicer = RewardServicer(LocalBackend(self._local.service, cfg.server), cfg.server)
         tune_gc_for_serving()
-        logger.info("service replica ready: judge %s, nli %s", self._engines.judge.model_id,
-                    self._engines.nli.model_id)
+        logger.info("service replica ready: judge %s, nli %s", engines.judge.model_id,
+                    engines.nli.model_id)
 
     def info(self) -> dict[str, Any]:
-        return {"model_id": self._engines.judge.model_id}
+        return {"model_id": self._local.engines.judge.model_id}
 
     async def call(self, calls: list[CallArgs]) -> list[bytes]:
         """The one call :class:`~reward_server.serving._private.service_host.ServiceHost` sends
@@ -79,7 +83,7 @@ class ServiceReplica:
     async def check_health(self) -> None:
         """Serve's health check: raises while an engine is down (Serve replaces the replica
         after ``health_check_timeout_s``)."""
-        down = {n: h.detail for n, h in (await self._engines.health()).items() if not h.ok}
+        down = {n: h.detail for n, h in (await self._local.health()).items() if not h.ok}
         if down:
             raise BackendUnavailable(f"engines down: {down}")
 

@@ -1,4 +1,4 @@
-"""The grpc.aio ingress: ``create_server(settings, service, health_probe=) -> (server, port)``.
+"""The grpc.aio ingress: ``create_server(settings, backend, health_probe=) -> (server, port)``.
 
 Standard ``grpc.health.v1`` health that follows the engines (:mod:`reward_server.rpc.health`),
 server reflection, optional bearer-token auth and TLS, max message sizes, bounded connections
@@ -32,15 +32,14 @@ from grpc_health.v1._async import HealthServicer
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.errors import ConfigError
 from reward_server.rpc.auth import TokenCheck
+from reward_server.rpc.backend import Backend
 from reward_server.rpc.connections import ConnectionGuard
-from reward_server.rpc.forwarding import Forward, ForwardingServicer
 from reward_server.rpc.grpc_metrics import Registrar, register
 from reward_server.rpc.health import HealthMonitor, Probe
 from reward_server.rpc.memory import fix_mmap_threshold
 from reward_server.rpc.reflection import reflection_handlers
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings, host_port
-from reward_server.service import Admission, RewardService
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RewardService"].full_name
@@ -74,7 +73,6 @@ class RewardGrpcServer:
         server: grpc.aio.Server,
         monitor: HealthMonitor,
         servicer: RewardServicer,
-        service: RewardService | None,
         settings: ServerSettings,
         *,
         health_server: grpc.aio.Server | None = None,
@@ -88,7 +86,6 @@ class RewardGrpcServer:
         self.monitor = monitor
         self.health = monitor.servicer
         self.servicer = servicer
-        self.service = service
         self._settings = settings
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -247,21 +244,14 @@ def _fit_open_files(max_connections: int | None) -> None:
 
 
 def create_server(
-    settings: ServerSettings,
-    service: RewardService | None,
-    *,
-    health_probe: Probe | None = None,
-    forward: Forward | None = None,
-    admission: Admission | None = None,
+    settings: ServerSettings, backend: Backend, *, health_probe: Probe | None = None,
 ) -> tuple[RewardGrpcServer, int]:
     """Build the server and bind its port (``port=0`` picks a free one); not started.
 
-    ``health_probe`` (``Engines.health``) drives grpc.health.v1; None: SERVING until drained.
-    ``service`` None: the calls are forwarded to service replicas by ``forward``, with the
-    ingress's own ``admission`` (:mod:`reward_server.rpc.forwarding`).
+    ``backend`` runs the calls (:mod:`reward_server.rpc.backend`: the service in this process,
+    or a forward to service replicas); ``health_probe`` (``Engines.health``) drives
+    grpc.health.v1; None: SERVING until drained.
     """
-    if (service is None) == (forward is None):
-        raise TypeError("create_server takes a service or a forward, one of them")
     s = settings
     _fit_open_files(None if s.max_connections is None else  # both doors' connections
                     s.max_connections + (s.max_connections_per_peer or 0) + s.http.max_connections)
@@ -277,13 +267,7 @@ def create_server(
     monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s,
                             conditions=lambda: {"connections": guard.full} if guard.full else {})
     guard.on_full_change = monitor.poke
-    servicer: RewardServicer
-    if service is not None:
-        servicer = RewardServicer(service, s, on_engine_failure=monitor.poke)
-    else:
-        assert forward is not None
-        servicer = ForwardingServicer(forward, s, admission=admission or Admission.off(),
-                                      on_engine_failure=monitor.poke)
+    servicer = RewardServicer(backend, s, on_engine_failure=monitor.poke)
     register(server, SERVICE_NAME, servicer.handlers(), token=token, guard=guard)
     health_pb2_grpc.add_HealthServicer_to_server(health, Registrar(server))  # open: no token
     if s.reflection:  # open too (tooling)
@@ -315,7 +299,7 @@ def create_server(
             if not auto:
                 raise
             logger.warning("%s; grpc.health.v1 is served on the main port only", e)
-    return RewardGrpcServer(server, monitor, servicer, service, s, health_server=health_server,
+    return RewardGrpcServer(server, monitor, servicer, s, health_server=health_server,
                             health_port=health_port, guard=guard), port
 
 

@@ -1,4 +1,5 @@
-"""reward.v1.RewardService over :class:`reward_server.service.RewardService`.
+"""reward.v1.RewardService over a :class:`~reward_server.rpc.backend.Backend`: the reward
+service in this process, or the service replicas a forwarding ingress sends each call to.
 
 Each method is registered with gRPC as request-streaming and without a request deserializer
 (:meth:`RewardServicer.handlers`). On the wire and in reflection the methods stay unary and
@@ -17,35 +18,32 @@ interceptor) instead of after its body, so that a call is:
 
 Steps 1 and 4 (with the metrics, logs and the call's tracing span) are :meth:`RewardServicer.call`,
 which the HTTP/JSON door (:mod:`reward_server.rpc.http`) runs too: both transports share the
-gate, the count of calls in flight, admission and the work of each method.
+gate, the count of calls in flight, admission and the backend's work of each method.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
-from reward_server import domain as d
 from reward_server import metrics, tracing
 from reward_server._proto.reward.v1 import reward_pb2 as pb
-from reward_server.api import convert, score_call, wire
 from reward_server.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, Overloaded
+from reward_server.rpc.backend import Backend, CallState, Reply
 from reward_server.rpc.grpc_metrics import when_done
 from reward_server.rpc.memory import Trimmer
 from reward_server.rpc.refusals import LoadRefusalLog
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import message_for, status_for, trailers_for
 from reward_server.rpc.unsent import UnsentResponses
-from reward_server.service import Admission, RewardService, Ticket
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,32 +51,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 Requests = AsyncIterator[bytes]
 
 
-class Reply(Protocol):
-    """A method's answer: a response message, or its bytes as a service replica sent them
-    (:mod:`reward_server.rpc.forwarding`)."""
-
-    def SerializeToString(self) -> bytes: ...
-
-    def ByteSize(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CallState:
-    """What a method's work may need of its call besides the request."""
-
-    span: Any  # the call's tracing span
-    deadline: float  # the event loop's time when the call's deadline passes
-    attempts: int  # the client's previous attempts of this call
-
-
-Work = Callable[[bytes, Ticket, CallState], Awaitable[Reply]]  # (request, ticket, call) -> response
-_FIELD_OVERHEAD = 8  # tag and length of one encoded field, generously
-RESPONSES: dict[str, type[Message]] = {
-    "Score": pb.ScoreResponse, "InduceRubrics": pb.InduceRubricsResponse,
-    "Verify": pb.VerifyResponse, "Info": pb.InfoResponse,
-}
-
-
+_serialize: Callable[[Reply], bytes] = operator.methodcaller("SerializeToString")
 ATTEMPTS_KEYS = ("grpc-previous-rpc-attempts", "reward-previous-attempts")
 
 
@@ -95,35 +68,17 @@ def _previous_attempts(context: Context) -> int:
 
 
 class RewardServicer:
-    """The four methods, the draining gate, and the count of calls in flight."""
+    """The four methods over ``backend``, the draining gate, and the count of calls in flight."""
 
     def __init__(
         self,
-        service: RewardService,
+        backend: Backend,
         settings: ServerSettings,
         *,
         on_engine_failure: Callable[[], None] | None = None,
     ) -> None:
-        self._service = service
-        self._setup(settings, admission=service.admission, on_engine_failure=on_engine_failure)
-        self._max_bytes = {  # no valid request of the method is larger
-            "Score": settings.max_message_bytes,
-            **service.largest_request_bytes(_FIELD_OVERHEAD),  # InduceRubrics, Verify
-            "Info": 1024,
-        }
-        self._work: dict[str, tuple[Work, bool]] = {  # method -> (its work, admitted?)
-            "Score": (self._score, True),
-            "InduceRubrics": (self._induce, True),
-            "Verify": (self._verify, True),
-            "Info": (self._info, False),  # admitted as a call, with no judgments
-        }
-
-    def _setup(
-        self, settings: ServerSettings, *, admission: Admission,
-        on_engine_failure: Callable[[], None] | None,
-    ) -> None:
-        """What every servicer holds: the gate, the count of calls in flight, admission."""
-        self._admission = admission
+        self.backend = backend
+        self._admission = backend.admission
         self._settings = settings
         self._on_engine_failure = on_engine_failure
         self._accepting = True
@@ -138,30 +93,19 @@ class RewardServicer:
         )
         self.trimmer = Trimmer(busy=lambda: self._active > 0)
         self._refusals = LoadRefusalLog()
-        self._info_reply: pb.InfoResponse | None = None
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-        def handler(fn: Callable[[Requests, Context], Awaitable[Any]],
-                    rpc: str) -> grpc.RpcMethodHandler[Any, Any]:
+        def handler(fn: Callable[[Requests, Context], Awaitable[Any]]) -> grpc.RpcMethodHandler[Any, Any]:
             return grpc.stream_unary_rpc_method_handler(
-                fn, request_deserializer=None, response_serializer=self._serializer(rpc)
+                fn, request_deserializer=None, response_serializer=_serialize
             )
 
-        return {
-            "Score": handler(self.Score, "Score"),
-            "InduceRubrics": handler(self.InduceRubrics, "InduceRubrics"),
-            "Verify": handler(self.Verify, "Verify"),
-            "Info": handler(self.Info, "Info"),
-        }
-
-    def _serializer(self, rpc: str) -> Callable[[Any], bytes]:
-        serialize: Callable[[Any], bytes] = RESPONSES[rpc].SerializeToString
-        return serialize
+        return {"Score": handler(self.Score), "InduceRubrics": handler(self.InduceRubrics),
+                "Verify": handler(self.Verify), "Info": handler(self.Info)}
 
     def as_message(self, rpc: str, reply: Reply) -> Message:
         """``reply`` of method ``rpc`` as its response message (the HTTP door's JSON)."""
-        assert isinstance(reply, Message)
-        return reply
+        return self.backend.as_message(rpc, reply)
 
     # ------------------------------------------------------------------ drain
     @property
@@ -207,7 +151,7 @@ class RewardServicer:
             raise InvalidRequest("the call carried no request message") from None
 
     def _check_size(self, rpc: str, raw: bytes) -> None:
-        cap = self._max_bytes[rpc]
+        cap = self.backend.max_request_bytes[rpc]
         if len(raw) > cap:
             raise InvalidRequest(
                 f"the request has {len(raw)} bytes, more than any valid reward.v1.{rpc} request "
@@ -231,7 +175,7 @@ class RewardServicer:
         ``park``: awaited before a call that arrives while draining is refused; ``attempts``:
         the client's previous attempts of this call (retried work goes first, see
         :meth:`Admission.arrive`)."""
-        work, admit = self._work[rpc]
+        admit = self.backend.judged[rpc]
         self.last_arrival = time.monotonic()
         start = time.perf_counter()
         code_name = "OK"
@@ -261,8 +205,9 @@ class RewardServicer:
                             received = len(raw)
                             self._check_size(rpc, raw)
                             ticket.add_bytes(len(raw))
-                            state = CallState(current, deadline.when() or 0.0, attempts)
-                            return await work(raw, ticket, state)
+                            state = CallState(current, deadline.when() or 0.0, attempts,
+                                              time_remaining)
+                            return await self.backend.run(rpc, raw, ticket, state)
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
@@ -308,7 +253,7 @@ class RewardServicer:
         remaining = context.time_remaining()
         deadline = asyncio.get_running_loop().time() + (
             self._settings.default_timeout_s if remaining is None else max(0.0, remaining))
-        refused = self._admission.refusal(judged=self._work[rpc][1], attempts=attempts,
+        refused = self._admission.refusal(judged=self.backend.judged[rpc], attempts=attempts,
                                           deadline=deadline)
         if refused is not None:
             self._refusals.refused(rpc, message_for(refused))
@@ -359,60 +304,3 @@ class RewardServicer:
 
     async def Info(self, requests: Requests, context: Context) -> pb.InfoResponse:
         return await self._run("Info", requests, context)  # type: ignore[no-any-return]
-
-    # -------------------------------------------------------------- the work
-    async def _score(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.ScoreResponse:
-        check = self._service.batch_check()  # refuses at the first bad item
-        items = await score_call.score_items(raw, check)
-        batch = check.done(items)
-        tracing.set_attribute(call.span, "items", len(items))
-        try:
-            results = await self._service.score(batch, ticket=ticket)
-        except Exception:
-            for kind, n in collections.Counter(d.kind_of(i.spec).value for i in items).items():
-                metrics.observe_failed_items(kind, n)
-            raise
-        for item, result in zip(items, results, strict=True):
-            metrics.observe_item(d.kind_of(item.spec).value, result.status.value, result.reward)
-        return await score_call.score_response(results)
-
-    async def _induce(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.InduceRubricsResponse:
-        request = wire.parse(pb.InduceRubricsRequest, raw)
-        result = await self._service.induce_rubrics(
-            convert.history_from_proto(request.history),
-            task=convert.task_from_proto(request.task, "request"),
-            num_samples=request.num_samples,
-            seed=request.seed,
-            ticket=ticket,
-        )
-        return convert.induction_to_proto(result)
-
-    async def _verify(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.VerifyResponse:
-        request = wire.parse(pb.VerifyRequest, raw)
-        v = await self._service.verify(
-            response=request.response,
-            answer=request.answer,
-            preference=request.preference,
-            evidence=request.evidence,
-            ticket=ticket,
-        )
-        return convert.verification_to_proto(v)
-
-    async def _info(self, raw: bytes, ticket: Ticket, call: CallState) -> pb.InfoResponse:
-        wire.parse(pb.InfoRequest, raw)
-        if self._info_reply is None:  # it does not change while the server runs: build it once
-            reply = convert.info_to_proto(self._service.info())  # (64 callers building it
-            reply.settings.update(self.transport_info())         # cut Score throughput 61 %)
-            self._info_reply = reply
-        return self._info_reply
-
-    def transport_info(self) -> dict[str, str]:
-        """The transport's limits, for Info."""
-        s = self._settings
-        names = ("max_message_bytes", "max_concurrent_rpcs", "default_timeout_s",
-                 "receive_timeout_s", "max_concurrent_streams", "max_connections",
-                 "grace_period_s", "drain_delay_s", "max_unsent_response_bytes",
-                 "max_unsent_response_bytes_per_connection", "health_port")
-        out = {f"server.{n}": str(getattr(s, n)) for n in names}
-        out["server.http.port"] = str(s.http.port)  # the configured one (0: a free one)
-        return out

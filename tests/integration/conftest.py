@@ -31,7 +31,7 @@ class Running:
 
     @property
     def service(self) -> RewardService:
-        return self.app.service
+        return self.app.hosting.service  # type: ignore[attr-defined,no-any-return]  # a LocalService
 
     @property
     def target(self) -> str:
@@ -56,7 +56,7 @@ async def running_server(
     )
     if build:
         app = await start_app(config)
-        judge, nli = app.engines.judge, app.engines.nli
+        judge, nli = app.hosting.engines.judge, app.hosting.engines.nli  # type: ignore[attr-defined]
     else:
         j, n = judge or FakeJudge(), nli or FakeNLI()
         app = await start_app(config, judge_factory=lambda _s: j, nli_factory=lambda _s: n)

@@ -35,7 +35,7 @@ async def test_overload_waits_in_line_and_loses_no_call() -> None:
     async with running_server(TINY, judge=FakeJudge(latency_s=0.03)) as r:
         async with r.client(retry=RetryBudget(attempts=1, deadline_s=30.0)) as c:
             out = await burst(c, 48)
-        refused = r.app.service.admission.refused
+        refused = r.service.admission.refused
     assert all(not isinstance(o, BaseException) and o[0].status is d.ItemStatus.OK  # type: ignore[index]
                for o in out), [o for o in out if isinstance(o, BaseException)][:3]
     assert refused == 0  # one attempt each: they waited, nobody was refused
@@ -49,7 +49,7 @@ async def test_overload_loses_no_call_whose_deadline_allows_it() -> None:
             start = time.monotonic()
             out = await burst(c, 48)
             took = time.monotonic() - start
-        refused = r.app.service.admission.refused
+        refused = r.service.admission.refused
     failed = [o for o in out if isinstance(o, BaseException)]
     assert not failed, failed[:3]
     assert all(o[0].status is d.ItemStatus.OK for o in out)  # type: ignore[index]

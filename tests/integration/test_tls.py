@@ -38,9 +38,11 @@ async def test_half_configured_tls_is_a_config_error(tmp_path) -> None:  # grpc.
     from reward_server.backends.fake import FakeJudge, FakeNLI
     from reward_server.config import load_config
     from reward_server.errors import ConfigError
+    from reward_server.rpc.backend import LocalBackend
     from reward_server.rpc.server import create_server
     from reward_server.service import RewardService
 
     config = load_config(overrides=["server.port=0", f"server.tls_cert_file={tmp_path}/c.pem"], env={})
     with pytest.raises(ConfigError, match="must be set together"):
-        create_server(config.server, RewardService(judge=FakeJudge(), nli=FakeNLI()))
+        create_server(config.server,
+                      LocalBackend(RewardService(judge=FakeJudge(), nli=FakeNLI()), config.server))

@@ -19,14 +19,14 @@ from reward_server.backends.base import Health
 from reward_server.backends.settings import EnginesSettings
 from reward_server.errors import EngineError
 from reward_server.serving._private.adapters import HandleCaller
-from reward_server.serving._private.runtime import (
+from reward_server.serving._private.apps import (
     AppsHost,
-    _blocking,
-    _deploy_and_wait,
-    _ensure_ray,
-    _failed_start,
-    _info,
-    _model_of,
+    app_info,
+    blocking,
+    deploy_and_wait,
+    ensure_ray,
+    failed_start,
+    model_of,
 )
 from reward_server.serving._private.watch import AppWatch
 from reward_server.serving.settings import RaySettings
@@ -70,8 +70,8 @@ def start_service_host(
     """Deploy ``application`` (a bound service deployment; None with ``serving.ray.deploy:
     false``, which attaches to the running one) as ``<app_prefix>-service`` and wait until it
     runs; ``engines``: what the user configured, named in the progress lines."""
-    model = " + ".join(_model_of(e) for e in (engines.judge, engines.nli) if e is not None)
-    owns_ray, connected = _ensure_ray(settings)
+    model = " + ".join(model_of(e) for e in (engines.judge, engines.nli) if e is not None)
+    owns_ray, connected = ensure_ray(settings)
     name = settings.app_name("service")
     deployed: list[str] = []
     try:
@@ -79,17 +79,17 @@ def start_service_host(
         if settings.deploy:
             if application is None:
                 raise ValueError("serving.ray.deploy is true: give the application to deploy")
-            _blocking(lambda: serve.start(proxy_location="Disabled"))
+            blocking(lambda: serve.start(proxy_location="Disabled"))
             apps[name] = application
-        handles = _deploy_and_wait(apps, [AppWatch(name, model, "service")], settings,
+        handles = deploy_and_wait(apps, [AppWatch(name, model, "service")], settings,
                                    owns_ray=owns_ray, deployed=deployed)
         handle = handles[name]
         caller = HandleCaller(handle, deployment="service", app=name,
                               timeout_s=settings.call_timeout_s,
                               max_retries=settings.max_retries, transport=settings.transport)
-        model_id = str(_info(handle, settings.ready_timeout_s)["model_id"])
+        model_id = str(app_info(handle, settings.ready_timeout_s)["model_id"])
     except BaseException:
-        _failed_start(deployed, settings, owns_ray=owns_ray)
+        failed_start(deployed, settings, owns_ray=owns_ray)
         raise
     return ServiceHost(caller=caller, model_id=model_id, settings=settings, deployed=deployed,
                        owns_ray=owns_ray, connected_ray=connected)

@@ -209,7 +209,7 @@ async def test_a_replica_bug_is_internal_once_and_losing_every_replica_turns_hea
             assert e.value.code is grpc.StatusCode.INTERNAL and e.value.attempts == 1
             assert "IndexError" in e.value.details
             assert await c.health() == "SERVING"  # a bug is not an outage
-            serve.delete(app.engines.app_name("judge"))  # every judge replica is gone
+            serve.delete(app.hosting.engines.app_name("judge"))  # every judge replica is gone
             assert await kit.answers(c.health, "NOT_SERVING", timeout_s=10)
     finally:
         await app.stop(grace=1.0, drain_delay=0)

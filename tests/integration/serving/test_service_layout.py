@@ -46,7 +46,9 @@ async def test_calls_errors_and_health_through_the_service_replicas(
         f"serving.ray.transport={transport}", "service.admission.max_waiting=0",
         "service.admission.max_calls_in_flight=1", "service.admission.min_calls_in_flight=1"]),
         judge_factory=slow)
-    assert app.service is None
+    from reward_server.serving._private.service_host import ServiceHost
+
+    assert isinstance(app.hosting, ServiceHost)  # the service runs in the replicas
     rubric = pb.ScoreRequest(items=[pb.ScoreItem(id="a", rubric_score=pb.RubricScore(
         context="c", text="coffee", rules=['It says "coffee".']))])
     try:
@@ -84,7 +86,7 @@ async def test_calls_errors_and_health_through_the_service_replicas(
                 await second.stop(grace=1.0, drain_delay=0)
         async with AsyncRewardClient(app.target, max_retries=0) as c:
             assert await c.health() == "SERVING"  # the second ingress left the application
-            serve.delete(app.engines.app_name)  # type: ignore[union-attr]
+            serve.delete(app.hosting.app_name)  # type: ignore[attr-defined]
             assert await kit.answers(c.health, "NOT_SERVING", timeout_s=15)
             with pytest.raises(RewardCallError) as gone:
                 await c.score(nli)
@@ -109,7 +111,7 @@ async def test_a_replica_killed_under_load_loses_or_mixes_no_call(ray_session: A
     app = await start_app(_config("t-svc-kill", ["serving.ray.service.min_replicas=2",
                                                  "serving.ray.service.max_replicas=2"]),
                           nli_factory=slow)
-    app_name = app.engines.app_name  # type: ignore[union-attr]
+    app_name = app.hosting.app_name  # type: ignore[attr-defined]
     replicas = [a["name"] for a in ray_session.util.list_named_actors(all_namespaces=True)
                 if a["name"].startswith(f"SERVE_REPLICA::{app_name}#")]
     assert len(replicas) == 2, replicas
