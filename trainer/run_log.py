@@ -59,7 +59,7 @@ def data_kinds(path: Path) -> list[str]:
         extras = pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist()
     else:
         return []
-    return sorted({read_row(e).kind for e in extras if e})
+    return sorted({read_row(e).kind.value for e in extras if e})
 
 
 def plot_title(engine: str, *, kinds: Sequence[str], policy: str, run_dir: Path) -> str:

@@ -1,18 +1,23 @@
-"""The Serve applications a process deploys or attaches to, and leaving them: start or join
-Ray (:func:`ensure_ray`), deploy and wait until RUNNING (:func:`deploy_and_wait`), read an
-application's ``info`` (:func:`app_info`), clean up after a failed start (:func:`failed_start`)
-and on exit (:class:`AppsHost`). Shared by the engine applications
-(:mod:`~reward_server.serving._private.runtime`) and the service application
-(:mod:`~reward_server.serving._private.service_host`).
+"""The Serve applications a process deploys or attaches to, and leaving them::
+
+    with start_apps(settings) as start:       # Ray started or joined; on failure, left again
+        handles = start.deploy(build, watches)  # deployed (or attached to) and RUNNING
+        ...                                     # app_info(handle, ...), the callers
+    return SomeHost(..., start=start)           # an AppsHost: close() leaves them on exit
+
+Shared by the engine applications (:mod:`~reward_server.serving._private.runtime`) and the
+service application (:mod:`~reward_server.serving._private.service_host`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import ray
@@ -50,20 +55,53 @@ def delete_apps(names: list[str], timeout_s: float = 60.0) -> None:
     logger.warning("Serve applications %s not deleted after %.0fs", names, timeout_s)
 
 
+@dataclass
+class AppsStart:
+    """A start of Serve applications under way (:func:`start_apps`): whether this process
+    started (``owns_ray``) or joined (``connected_ray``) Ray, and what it deployed."""
+
+    settings: RaySettings
+    owns_ray: bool
+    connected_ray: bool
+    deployed: list[str] = field(default_factory=list)
+
+    def deploy(
+        self, build: Callable[[], dict[str, Any]], watches: list[AppWatch]
+    ) -> dict[str, DeploymentHandle[Any]]:
+        """Deploy the applications ``build()`` makes (name -> bound application; with
+        ``serving.ray.deploy: false`` none: attach to the running ones), wait until all of
+        ``watches`` are RUNNING, and return a handle per application."""
+        apps: dict[str, Any] = {}
+        if self.settings.deploy:
+            blocking(lambda: serve.start(proxy_location="Disabled"))
+            apps = build()
+        return deploy_and_wait(apps, watches, self.settings, owns_ray=self.owns_ray,
+                               deployed=self.deployed)
+
+
+@contextlib.contextmanager
+def start_apps(settings: RaySettings) -> Iterator[AppsStart]:
+    """Start or join Ray (:func:`ensure_ray`); if the start fails, leave what it deployed."""
+    owns_ray, connected = ensure_ray(settings)
+    start = AppsStart(settings, owns_ray=owns_ray, connected_ray=connected)
+    try:
+        yield start
+    except BaseException:
+        failed_start(start.deployed, settings, owns_ray=owns_ray)
+        raise
+
+
 class AppsHost:
     """The Serve applications this process deployed or attached to (their callers), and
     leaving them: :meth:`close` / :meth:`shutdown`."""
 
-    def __init__(
-        self, *, callers: list[HandleCaller], attached: list[str], settings: RaySettings,
-        deployed: list[str], owns_ray: bool, connected_ray: bool,
-    ) -> None:
+    def __init__(self, *, callers: list[HandleCaller], attached: list[str], start: AppsStart) -> None:
         self._callers = callers
         self._attached = attached  # the applications, when attached to (deploy: false)
-        self._settings = settings
-        self._deployed = deployed
-        self._owns_ray = owns_ray
-        self._connected_ray = connected_ray
+        self._settings = start.settings
+        self._deployed = start.deployed
+        self._owns_ray = start.owns_ray
+        self._connected_ray = start.connected_ray
         self._closed = False
 
     async def close(self) -> None:

@@ -13,22 +13,13 @@ import asyncio
 import logging
 from typing import Any, Literal
 
-from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.settings import EnginesSettings, JudgeNLISettings
 from reward_server.errors import ConfigError
 from reward_server.serving._private.adapters import HandleCaller, RayJudge, RayNLI, replica_counts
-from reward_server.serving._private.apps import (
-    AppsHost,
-    app_info,
-    blocking,
-    deploy_and_wait,
-    ensure_ray,
-    failed_start,
-    model_of,
-)
+from reward_server.serving._private.apps import AppsHost, AppsStart, app_info, model_of, start_apps
 from reward_server.serving._private.deployments import JudgeDeployment, NLIDeployment
 from reward_server.serving._private.watch import AppWatch
 from reward_server.serving.engines import Engines, JudgeFactory, NLIFactory, RawEngines
@@ -73,20 +64,10 @@ class RayHost(AppsHost):
     their handles (:attr:`raw`, for :func:`~reward_server.serving.start_engines` to batch),
     and their shutdown."""
 
-    def __init__(
-        self,
-        *,
-        ray_judge: RayJudge,
-        ray_nli: RayNLI | None,
-        settings: RaySettings,
-        deployed: list[str],
-        owns_ray: bool,
-        connected_ray: bool,
-    ) -> None:
+    def __init__(self, *, ray_judge: RayJudge, ray_nli: RayNLI | None, start: AppsStart) -> None:
         engines = [e for e in (ray_judge, ray_nli) if e is not None]
-        super().__init__(
-            callers=[e.caller for e in engines], attached=[e.caller.app for e in engines],
-            settings=settings, deployed=deployed, owns_ray=owns_ray, connected_ray=connected_ray)
+        super().__init__(callers=[e.caller for e in engines],
+                         attached=[e.caller.app for e in engines], start=start)
         self.ray_judge = ray_judge
         self.ray_nli = ray_nli
 
@@ -192,21 +173,20 @@ def start_ray_host(
     """See :func:`reward_server.serving.start_engines` (``serving.mode: ray``): the deployed
     (or attached) applications and the raw adapters over their handles."""
     assert engines.judge is not None and engines.nli is not None  # checked by start_engines
-    owns_ray, connected = ensure_ray(settings)
-    deployed: list[str] = []
     judge_as_nli = isinstance(engines.nli, JudgeNLISettings)
     judge_name, nli_name = settings.app_name("judge"), settings.app_name("nli")
     watches = [AppWatch(judge_name, model_of(engines.judge), "judge")]
     if not judge_as_nli:
         watches.append(AppWatch(nli_name, model_of(engines.nli), "nli"))
-    try:
-        apps: dict[str, Any] = {}
-        if settings.deploy:
-            blocking(lambda: serve.start(proxy_location="Disabled"))
-            apps[judge_name] = judge_application(engines, settings, engine_factory=judge_factory)
-            if not judge_as_nli:
-                apps[nli_name] = nli_application(engines, settings, engine_factory=nli_factory)
-        handles = deploy_and_wait(apps, watches, settings, owns_ray=owns_ray, deployed=deployed)
+
+    def build() -> dict[str, Any]:
+        apps = {judge_name: judge_application(engines, settings, engine_factory=judge_factory)}
+        if not judge_as_nli:
+            apps[nli_name] = nli_application(engines, settings, engine_factory=nli_factory)
+        return apps
+
+    with start_apps(settings) as start:
+        handles = start.deploy(build, watches)
         handle = handles[judge_name]
         ray_judge = RayJudge(
             _caller(handle, "judge", settings),
@@ -222,14 +202,4 @@ def start_ray_host(
                 max_length=int(info["max_length"]),
                 batching=engines.nli.batching,
             )
-    except BaseException:
-        failed_start(deployed, settings, owns_ray=owns_ray)
-        raise
-    return RayHost(
-        ray_judge=ray_judge,
-        ray_nli=ray_nli,
-        settings=settings,
-        deployed=deployed,
-        owns_ray=owns_ray,
-        connected_ray=connected,
-    )
+    return RayHost(ray_judge=ray_judge, ray_nli=ray_nli, start=start)

@@ -13,21 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray import serve
-
 from reward_server.backends.base import Health
 from reward_server.backends.settings import EnginesSettings
 from reward_server.errors import EngineError
 from reward_server.serving._private.adapters import HandleCaller
-from reward_server.serving._private.apps import (
-    AppsHost,
-    app_info,
-    blocking,
-    deploy_and_wait,
-    ensure_ray,
-    failed_start,
-    model_of,
-)
+from reward_server.serving._private.apps import AppsHost, AppsStart, app_info, model_of, start_apps
 from reward_server.serving._private.watch import AppWatch
 from reward_server.serving.settings import RaySettings
 
@@ -38,12 +28,8 @@ class ServiceHost(AppsHost):
     """The service application this process deployed or attached to: :meth:`forward` one call
     to a replica, its :meth:`health`, and its shutdown (:meth:`close`)."""
 
-    def __init__(
-        self, *, caller: HandleCaller, model_id: str, settings: RaySettings,
-        deployed: list[str], owns_ray: bool, connected_ray: bool,
-    ) -> None:
-        super().__init__(callers=[caller], attached=[caller.app], settings=settings,
-                         deployed=deployed, owns_ray=owns_ray, connected_ray=connected_ray)
+    def __init__(self, *, caller: HandleCaller, model_id: str, start: AppsStart) -> None:
+        super().__init__(callers=[caller], attached=[caller.app], start=start)
         self._caller = caller
         self.model_id = model_id
 
@@ -70,26 +56,16 @@ def start_service_host(
     """Deploy ``application`` (a bound service deployment; None with ``serving.ray.deploy:
     false``, which attaches to the running one) as ``<app_prefix>-service`` and wait until it
     runs; ``engines``: what the user configured, named in the progress lines."""
+    if settings.deploy and application is None:
+        raise ValueError("serving.ray.deploy is true: give the application to deploy")
     model = " + ".join(model_of(e) for e in (engines.judge, engines.nli) if e is not None)
-    owns_ray, connected = ensure_ray(settings)
     name = settings.app_name("service")
-    deployed: list[str] = []
-    try:
-        apps: dict[str, Any] = {}
-        if settings.deploy:
-            if application is None:
-                raise ValueError("serving.ray.deploy is true: give the application to deploy")
-            blocking(lambda: serve.start(proxy_location="Disabled"))
-            apps[name] = application
-        handles = deploy_and_wait(apps, [AppWatch(name, model, "service")], settings,
-                                   owns_ray=owns_ray, deployed=deployed)
+    with start_apps(settings) as start:
+        handles = start.deploy(lambda: {name: application},
+                               [AppWatch(name, model, "service")])
         handle = handles[name]
         caller = HandleCaller(handle, deployment="service", app=name,
                               timeout_s=settings.call_timeout_s,
                               max_retries=settings.max_retries, transport=settings.transport)
         model_id = str(app_info(handle, settings.ready_timeout_s)["model_id"])
-    except BaseException:
-        failed_start(deployed, settings, owns_ray=owns_ray)
-        raise
-    return ServiceHost(caller=caller, model_id=model_id, settings=settings, deployed=deployed,
-                       owns_ray=owns_ray, connected_ray=connected)
+    return ServiceHost(caller=caller, model_id=model_id, start=start)
