@@ -1,7 +1,9 @@
 """Build one engine from its settings. Heavy engines are imported only when asked for.
 
 The hosting layer (:mod:`reward_server.serving`) calls these in the server process or inside a
-Ray Serve replica; nothing else builds engines.
+Ray Serve replica; nothing else builds engines. A model loaded by name is checked first
+(:func:`reward_server.backends.hub.check_model_source`): one that cannot be had fails in
+seconds with the fix, not after the hub's minute of retries.
 """
 
 from __future__ import annotations
@@ -26,16 +28,35 @@ from reward_server.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
+def check_judge_source(settings: JudgeSettings) -> None:
+    """What :func:`build_judge` checks before it loads anything: the model can be had here."""
+    from reward_server.backends.hub import check_model_source
+    from reward_server.backends.smollm2 import LOCAL_MODEL_ALIAS
+
+    if isinstance(settings, TransformersJudgeSettings | VLLMJudgeSettings) and settings.model != LOCAL_MODEL_ALIAS:
+        check_model_source(settings.model, setting="engines.judge.model")
+
+
+def check_nli_source(settings: NLIEngineSettings) -> None:
+    """What :func:`build_nli` checks before it loads anything: the model can be had here."""
+    from reward_server.backends.hub import check_model_source
+
+    if isinstance(settings, TransformersNLISettings):
+        check_model_source(settings.model, setting="engines.nli.model")
+
+
 def build_judge(settings: JudgeSettings) -> JudgeEngine:
     """The judge engine named by ``settings.kind`` (loads its model; may take a while)."""
     logger.info("building judge engine kind=%s", settings.kind)
     if isinstance(settings, FakeJudgeSettings):
         return FakeJudge(latency_s=settings.latency_s, model_id=settings.model_id)
     if isinstance(settings, TransformersJudgeSettings):
+        check_judge_source(settings)
         from reward_server.backends.transformers_judge import TransformersJudge
 
         return TransformersJudge.from_settings(settings)
     if isinstance(settings, VLLMJudgeSettings):
+        check_judge_source(settings)
         from reward_server.backends.vllm_judge import VLLMJudge
 
         return VLLMJudge.from_settings(settings)
@@ -54,6 +75,7 @@ def build_nli(settings: NLIEngineSettings, *, judge: JudgeEngine | None = None) 
             max_length=settings.max_length, latency_s=settings.latency_s, model_id=settings.model_id
         )
     if isinstance(settings, TransformersNLISettings):
+        check_nli_source(settings)
         from reward_server.backends.transformers_nli import TransformersNLI
 
         return TransformersNLI.from_settings(settings)

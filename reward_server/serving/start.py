@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Literal
 
 from reward_server.backends.base import JudgeEngine, NLIEngine
 from reward_server.backends.settings import EnginesSettings, JudgeNLISettings
@@ -37,7 +38,7 @@ from reward_server.serving.engines import (
     Unconfigured,
     missing_engines,
 )
-from reward_server.serving.settings import ServingSettings
+from reward_server.serving.settings import RaySettings, ServingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +70,35 @@ def start_engines(
             raise ConfigError("serving.mode=ray deploys both engines: set engines.judge and engines.nli")
         from reward_server.serving._private.runtime import RayEngines, start_ray_host
 
+        if judge_factory is None and nli_factory is None:
+            _check_models_before_embedded_ray(engines, serving.ray)
         host = start_ray_host(engines, serving.ray, judge_factory=judge_factory, nli_factory=nli_factory)
         judge, nli = _batched(engines, host.raw)
         return RayEngines(judge=judge, nli=nli, host=host)
     judge, nli = _batched(engines, _in_process(engines, judge_factory, nli_factory))
     logger.info("engines in process: judge %s, nli %s", judge.model_id, nli.model_id)
     return Engines(judge=judge, nli=nli)
+
+
+def _check_models_before_embedded_ray(engines: EnginesSettings, ray_settings: RaySettings) -> None:
+    """An embedded Ray runs its replicas on this machine, in this environment: a model that
+    cannot be had here fails before Ray starts (10-25 s), in seconds, as in process. A cluster's
+    replicas run elsewhere, and an engine whose replicas get HF_* variables of their own
+    (``env_vars``) sees another hub: both are left to the replica's own check."""
+    import os
+
+    if ray_settings.address or os.environ.get("RAY_ADDRESS") or not ray_settings.deploy:
+        return
+    from reward_server.backends.factory import check_judge_source, check_nli_source
+
+    def own_hub(kind: Literal["judge", "nli"]) -> bool:
+        dep = ray_settings.service if ray_settings.layout == "service" else getattr(ray_settings, kind)
+        return any(k.startswith("HF_") for k in dep.env_vars)
+
+    if engines.judge is not None and not own_hub("judge"):
+        check_judge_source(engines.judge)
+    if engines.nli is not None and not own_hub("nli"):
+        check_nli_source(engines.nli)
 
 
 def _in_process(
