@@ -13,9 +13,12 @@
 # Token auth, everywhere: Ray 2.60 clusters require a token. Every command here needs
 #   RAY_AUTH_MODE=token and the cluster's token as RAY_AUTH_TOKEN (KubeRay: from the Secret
 #   ray-auth-token) or RAY_AUTH_TOKEN_PATH (`ray up`: the file that file_mounts syncs to every
-#   node); it refuses to start without one. The reward server's own bearer token comes from
-#   REWARD_SERVER_TOKEN (KubeRay: the Secret reward-server-token), read by the ingress and by
-#   the trainer alike.
+#   node); it refuses to start without one, and a worker whose token the head refuses stops in
+#   seconds with one line. The reward server's own bearer token is a file, named by
+#   REWARD_SERVER_TOKEN_FILE (`ray up`: synced by file_mounts; KubeRay: the Secret
+#   reward-server-token mounted as a file), read by the ingress and the trainer alike; the token
+#   itself is in no environment variable. Token files of this user that others can read are
+#   made 0600 (`ray get-auth-token --generate` writes ~/.ray/auth_token 0644).
 #
 # Settings (environment; the defaults are the manifests'):
 #   RAY_HEAD_ADDRESS       host:port of the head's GCS for worker / ingress-node ($RAY_HEAD_IP:$RAY_PORT)
@@ -24,12 +27,20 @@
 #   REWARD_SERVER_CONFIG   the reward-server config (/etc/reward-server/config.yaml)
 #   SERVE_CONFIG           the Serve config (the directory of this script/serve_config.yaml)
 #   REWARD_SERVER_HOST / REWARD_SERVER_PORT   the ingress's gRPC address (0.0.0.0 / 50051)
-#   REWARD_SERVER_TOKEN_FILE  the bearer token from a file, when REWARD_SERVER_TOKEN is unset (ray up)
+#   REWARD_SERVER_TOKEN_FILE  the file holding the server's bearer token (REWARD_SERVER_TOKEN,
+#                          the value itself, wins when set)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REWARD_SERVER_CONFIG="${REWARD_SERVER_CONFIG:-/etc/reward-server/config.yaml}"
 SERVE_CONFIG="${SERVE_CONFIG:-$HERE/serve_config.yaml}"
+
+private_file() {  # a token file of this user that others can read becomes 0600
+    if [[ -f "$1" && -O "$1" && -n "$(find "$1" -maxdepth 0 -perm /077)" ]]; then
+        chmod 600 "$1"
+        echo "deploy/commands.sh: $1 was readable by other users; made it 0600" >&2
+    fi
+}
 
 need_ray_token() {
     export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
@@ -42,6 +53,22 @@ need_ray_token() {
                  "--generate\` makes one" >&2
             exit 2
         fi
+        private_file "$path"
+    fi
+}
+
+head_accepts_token() {
+    # `ray start --address` retries a refused token for ~20 s and ends in a traceback; one
+    # `ray health-check` says InvalidAuthToken in seconds. Any other outcome (the head not up
+    # yet, ...) is left to ray start, which waits for the head.
+    local out rc=0
+    out="$(timeout 20 ray health-check --address "$RAY_HEAD_ADDRESS" --skip-version-check 2>&1)" || rc=$?
+    if [[ $rc != 0 ]] && grep -q "InvalidAuthToken" <<<"$out"; then
+        echo "error: deploy/commands.sh $1: the head at $RAY_HEAD_ADDRESS refused this node's Ray" \
+             "token (InvalidAuthToken): give every node the head's token (RAY_AUTH_TOKEN or" \
+             "RAY_AUTH_TOKEN_PATH; ray up: the file_mounts copy of ~/.ray/auth_token; KubeRay: the" \
+             "Secret ray-auth-token)" >&2
+        exit 2
     fi
 }
 
@@ -68,6 +95,7 @@ case "$cmd" in
     worker)
         need_ray_token worker
         need_head_address worker
+        head_accepts_token worker
         exec ray start --address="$RAY_HEAD_ADDRESS" --disable-usage-stats "$@"
         ;;
     serve-deploy)
@@ -76,13 +104,11 @@ case "$cmd" in
         ;;
     ingress)
         need_ray_token ingress
-        if [[ -z "${REWARD_SERVER_TOKEN:-}" && -n "${REWARD_SERVER_TOKEN_FILE:-}" ]]; then
-            REWARD_SERVER_TOKEN="$(<"$REWARD_SERVER_TOKEN_FILE")"
-            export REWARD_SERVER_TOKEN
-        fi
-        if [[ -z "${REWARD_SERVER_TOKEN:-}" ]]; then
-            echo "warning: deploy/commands.sh ingress: no REWARD_SERVER_TOKEN (nor" \
-                 "REWARD_SERVER_TOKEN_FILE): the server accepts calls without a token" >&2
+        if [[ -n "${REWARD_SERVER_TOKEN_FILE:-}" ]]; then
+            private_file "$REWARD_SERVER_TOKEN_FILE"  # reward-server serve reads it
+        elif [[ -z "${REWARD_SERVER_TOKEN:-}" ]]; then
+            echo "warning: deploy/commands.sh ingress: no REWARD_SERVER_TOKEN_FILE (nor" \
+                 "REWARD_SERVER_TOKEN): the server accepts calls without a token" >&2
         fi
         exec reward-server serve --config "$REWARD_SERVER_CONFIG" \
             --host "${REWARD_SERVER_HOST:-0.0.0.0}" --port "${REWARD_SERVER_PORT:-50051}" "$@"
@@ -90,6 +116,7 @@ case "$cmd" in
     ingress-node)
         need_ray_token ingress-node
         need_head_address ingress-node
+        head_accepts_token ingress-node
         ray start --address="$RAY_HEAD_ADDRESS" --num-cpus=0 --num-gpus=0 --disable-usage-stats "$@"
         exec "$HERE/commands.sh" ingress
         ;;

@@ -39,7 +39,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="127.0.0.1:50051", help="server host:port")
-    p.add_argument("--token", default=None, help="bearer token (default: $REWARD_SERVER_TOKEN)")
+    p.add_argument("--token", default=None, help="bearer token (default: $REWARD_SERVER_TOKEN, "
+                   "else the file $REWARD_SERVER_TOKEN_FILE)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-call deadline in seconds")
     p.add_argument("--probe-timeout-s", type=float, default=10.0,
                    help="the first check that the server is there (one Info call) gives up after "
@@ -75,13 +76,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extra.append(f"server.host={args.host}")
     if getattr(args, "http_port", None) is not None:
         extra.append(f"server.http.port={args.http_port}")
-    if args.fake:
-        extra.append(FAKE_ENGINES)
     if args.address is not None:
         extra += ["serving.mode=ray", f"serving.ray.address={args.address}"]
     if args.ray:
         extra.append("serving.mode=ray")
-    config = _load(args, extra)
+    if args.fake:  # fakes under the user's --set engines.* (a key they lack is refused, typos
+        # included), after the file's own engines are checked as written (replaced, not unread)
+        load_config(args.config)
+        config = load_config(args.config, overrides=[FAKE_ENGINES, *args.overrides, *extra])
+    else:
+        config = _load(args, extra)
     problem = missing_engines(config.engines, ("judge", "nli"))
     if problem is not None:
         print(f"error: reward-server serve: {problem}", file=sys.stderr)
@@ -104,21 +108,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------- client verbs
 def _client(args: argparse.Namespace) -> Any:
-    from reward_server.client import AsyncRewardClient
+    from reward_server.client import AsyncRewardClient, bearer_token
 
     if not getattr(args, "debug", False):  # the final error says it all; retries are noise here
         logging.getLogger("reward_server.client").setLevel(logging.ERROR)
 
-    token = args.token or os.environ.get("REWARD_SERVER_TOKEN")
+    token = args.token or bearer_token()
     return AsyncRewardClient(args.target, token=token, timeout_s=args.timeout)
 
 
 def _probe(args: argparse.Namespace) -> Any:
     """The server's Info within --probe-timeout-s: a server that is not there (or refuses the
     token) fails the command in seconds with one line, not after --timeout."""
+    from reward_server.client import bearer_token
     from reward_server.integrations.probe import probe
 
-    token = args.token or os.environ.get("REWARD_SERVER_TOKEN")
+    token = args.token or bearer_token()
     return asyncio.run(probe(args.target, token=token, timeout_s=args.probe_timeout_s,
                              address_flag="--target", token_flag="--token"))
 
@@ -388,7 +393,8 @@ def _hint(exc: Any, args: argparse.Namespace) -> str:
     if exc.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
         return f"; is the server running at {target}? (--target host:port)"
     if exc.code.name == "UNAUTHENTICATED":
-        return ("; pass the server's server.auth_token with --token or $REWARD_SERVER_TOKEN")
+        return ("; pass the server's server.auth_token with --token or the file "
+                "$REWARD_SERVER_TOKEN_FILE (or $REWARD_SERVER_TOKEN)")
     return ""
 
 

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reward_server.backends.settings import EnginesSettings
 from reward_server.backends.smollm2 import local_smollm2_path as local_smollm2_path  # the trainer's bundled policy
+from reward_server.client.auth import bearer_token
 from reward_server.config_errors import format_errors, yaml_key_lines
 from reward_server.errors import ConfigError as ConfigError  # re-exported: the trainer's face
 from reward_server.nli.settings import NLISettings
@@ -133,7 +134,7 @@ def load_config(
         if not sep:
             raise ConfigError(f"--set {item!r}: expected section.field=value")
         _set_path(tree, key.strip(), _parse_scalar(raw), origin=f"--set {item}", origins=origins)
-    token = env.get(TOKEN_ENV)
+    token = bearer_token(TOKEN_ENV, environ=env)  # $REWARD_SERVER_TOKEN, else its _FILE
     if token and not tree.get("server", {}).get("auth_token"):
         tree.setdefault("server", {})["auth_token"] = token
     try:

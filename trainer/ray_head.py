@@ -9,15 +9,18 @@ another process's ``address="auto"``. ``ray stop`` would stop every Ray on the m
 with :meth:`LocalRayHead.stop` (it ends the ``ray start --block`` process, which stops the rest).
 
 The token: the user's own where there is one (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``,
-``~/.ray/auth_token``), used as it is. Otherwise the head makes one in its own temp dir (mode
-0600, removed with the head; never printed or logged) and :attr:`LocalRayHead.env` points
-``RAY_AUTH_TOKEN_PATH`` at it, so everything started with that environment (``ray job submit``,
-``reward-server serve --address``, a second node, the job's workers) carries it.
+``~/.ray/auth_token``), used as it is, except that a file of the user's that others can read is
+made 0600 first (``ray get-auth-token --generate`` writes ``~/.ray/auth_token`` 0644). Otherwise
+the head makes one in its own temp dir (mode 0600, removed with the head; never printed or
+logged) and :attr:`LocalRayHead.env` points ``RAY_AUTH_TOKEN_PATH`` at it, so everything
+started with that environment (``ray job submit``, ``reward-server serve --address``, a second
+node, the job's workers) carries it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -34,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+logger = logging.getLogger(__name__)
 NODE_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                    "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port",
                    "--object-manager-port")
@@ -76,6 +80,31 @@ def has_user_token(env: Mapping[str, str]) -> bool:
         return True
     home = env.get("HOME")
     return home is not None and home != "" and (Path(home) / ".ray" / "auth_token").is_file()
+
+
+def user_token_file(env: Mapping[str, str]) -> Path | None:
+    """The token file of the user's that Ray reads for ``env`` (``RAY_AUTH_TOKEN_PATH``, else
+    ``$HOME/.ray/auth_token``); None when the token is a value (``RAY_AUTH_TOKEN``) or no
+    such file exists."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return None
+    named = env.get("RAY_AUTH_TOKEN_PATH")
+    home = env.get("HOME")
+    path = Path(named) if named else (Path(home) / ".ray" / "auth_token" if home else None)
+    return path if path is not None and path.is_file() else None
+
+
+def make_private(path: Path) -> bool:
+    """Make a file of this user that others can read 0600; whether it did."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    if st.st_uid != os.getuid() or not st.st_mode & 0o077:
+        return False
+    path.chmod(0o600)
+    logger.warning("Ray token file %s was readable by other users; made it 0600", path)
+    return True
 
 
 def write_token(path: Path) -> Path:
@@ -172,6 +201,8 @@ class LocalRayHead(_RayProcess):
         if not has_user_token(self.env):
             self.token_path = write_token(self.temp_dir / "auth_token")
             self.env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
+        elif (users := user_token_file(self.env)) is not None:
+            make_private(users)
 
     @property
     def auth_env(self) -> dict[str, str]:

@@ -3,8 +3,11 @@ command commits to anything, and the one-line message a person can act on when i
 
 A training call rides out a restarting server for ``RetryBudget.deadline_s`` (120 s by
 default); the probe must not: a server that is not there at start is a mistake to report in
-seconds (address, status, fix), not after two minutes of silence. The trainer, the TRL and verl
-integrations (first call) and the CLI's client verbs use it.
+seconds (address, status, fix), not after two minutes of silence. It does not wait for a
+connection gRPC has seen fail (refused, or a name that does not resolve: gRPC's
+``wait_for_ready`` off), so that fails at once; only a server that connects but has not answered
+yet is waited for, up to its deadline. The trainer, the TRL and verl integrations (first call)
+and the CLI's client verbs use it.
 """
 
 from __future__ import annotations
@@ -17,11 +20,18 @@ from typing import Any
 import grpc
 
 from reward_server import domain as d
-from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError, Target
+from reward_server.client import (
+    MIN_BACKOFF_S,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    AsyncRewardClient,
+    RetryBudget,
+    RewardCallError,
+    Target,
+)
 
 PROBE_TIMEOUT_S = 10.0
 """Default deadline of the start-up probe (waiting for a server that is starting included)."""
-TOKEN_ENV = "REWARD_SERVER_TOKEN"
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -42,8 +52,9 @@ def short_details(details: str) -> str:
     """gRPC's details on one line; for a failed connection only its cause (``Connection
     refused``, ``Domain name not found``), not gRPC's preamble."""
     text = " ".join(details.split())
-    if "failed to connect to all addresses" in text or "unreachable until" in text:
-        text = text.rsplit(": ", 1)[-1]
+    if any(s in text for s in ("failed to connect to all addresses", "unreachable until",
+                               "connections to all backends failing", "errors resolving")):
+        text = text.rsplit(": ", 1)[-1].rstrip("]")
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -56,14 +67,19 @@ def describe(
     where = target if isinstance(target, str) else ",".join(map(str, target))
     status = f"{error.code.name}: {short_details(error.details)}"
     if error.code in _UNREACHABLE:
-        waited = f" within {timeout_s:g} s" if timeout_s is not None else ""
-        more = f", or raise {timeout_flag} if it is still starting" if timeout_flag else ""
+        # UNAVAILABLE: the connection failed at once (refused, no such host); DEADLINE_EXCEEDED:
+        # it connected, or kept trying, and no answer came before the probe's deadline
+        waited = (f" within {timeout_s:g} s" if timeout_s is not None
+                  and error.code is grpc.StatusCode.DEADLINE_EXCEEDED else "")
+        more = (f", or raise {timeout_flag} if it is still starting" if timeout_flag
+                and error.code is grpc.StatusCode.DEADLINE_EXCEEDED else "")
         return (f"reward server {where} is not reachable{waited} ({status}); start it with "
                 f"`reward-server serve ...` (--fake to try the API) or pass {address_flag} "
                 f"HOST:PORT{more}")
     if error.code is grpc.StatusCode.UNAUTHENTICATED:
-        how = f"${TOKEN_ENV} (or {token_flag})" if token_flag else f"${TOKEN_ENV}"
-        return f"reward server {where} refused the call ({status}); set {how} to the server's server.auth_token"
+        also = f", {token_flag}" if token_flag else ""
+        return (f"reward server {where} refused the call ({status}); set ${TOKEN_FILE_ENV} to a "
+                f"file holding the server's server.auth_token (or ${TOKEN_ENV}{also})")
     return f"reward server {where} answered Info with {status}"
 
 
@@ -72,12 +88,14 @@ async def probe(
     address_flag: str = "--reward-server", timeout_flag: str | None = "--probe-timeout-s",
     token_flag: str | None = None,
 ) -> d.ServerInfo:
-    """The server's Info within ``timeout_s`` (one call, waiting for a starting server), or
-    :class:`ServerUnreachable` with a one-line message."""
+    """The server's Info within ``timeout_s`` (one call; a connection that fails, fails it at
+    once), or :class:`ServerUnreachable` with a one-line message."""
     check_timeout(timeout_s, flag=timeout_flag or "probe_timeout_s")
-    budget = RetryBudget(attempts=1, deadline_s=timeout_s,
-                         backoff_initial_s=min(0.2, max(timeout_s / 4, 0.1)),
-                         backoff_cap_s=max(min(timeout_s / 2, 5.0), 0.2))
+    # one attempt: the backoff is only gRPC's connect timeout (min_reconnect_backoff), the time
+    # a server may take to complete its handshake before the connection counts as failed
+    connect_s = max(min(timeout_s / 2, 5.0), MIN_BACKOFF_S)
+    budget = RetryBudget(attempts=1, deadline_s=timeout_s, wait_for_ready=False,
+                         backoff_initial_s=connect_s, backoff_cap_s=connect_s)
     try:
         async with AsyncRewardClient(target, token=token, retry=budget) as client:
             return await client.info()

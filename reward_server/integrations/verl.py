@@ -67,14 +67,20 @@ from typing import Any
 
 from reward_server import components
 from reward_server.api.rows import read_row
-from reward_server.client import AsyncRewardClient, CoalesceSettings, RetryBudget, RewardCallError
+from reward_server.client import (
+    TOKEN_ENV,
+    AsyncRewardClient,
+    CoalesceSettings,
+    RetryBudget,
+    RewardCallError,
+    bearer_token,
+)
 from reward_server.domain import ItemResult, ItemStatus
 from reward_server.integrations.probe import PROBE_TIMEOUT_S, ServerUnreachable, probe
 
 logger = logging.getLogger(__name__)
 
 ADDRESS_ENV = "REWARD_SERVER_ADDRESS"
-TOKEN_ENV = "REWARD_SERVER_TOKEN"
 MASKED_ESTIMATOR = "grpo_masked"
 MODULE = __name__
 # keyword arguments verl's reward managers pass besides the four documented ones
@@ -197,7 +203,7 @@ async def compute_score(
                          backoff_initial_s=min(RetryBudget.backoff_initial_s, backoff_cap_s))
     coalesce = (CoalesceSettings(window_s=coalesce_window_ms / 1000, max_items=coalesce_max_items)
                 if coalesce_max_items > 1 else None)
-    token = os.environ.get(token_env) or None
+    token = bearer_token(token_env)  # $token_env, else the file $<token_env>_FILE
     if not mask_infra_failures:  # masking rides out an absent server by design: no probe
         await _probe_once(address, token, probe_timeout_s)
     client = _client(address, token, budget, coalesce)

@@ -226,7 +226,8 @@ class ServerSettings(_Frozen):
     )
     auth_token: SecretStr | None = Field(
         None,
-        description="Bearer token clients must send; also read from $REWARD_SERVER_TOKEN. None: no auth.",
+        description="Bearer token clients must send; also read from $REWARD_SERVER_TOKEN or, unset, "
+        "the file $REWARD_SERVER_TOKEN_FILE (what the deploy manifests use). None: no auth.",
     )
     tls_cert_file: Path | None = Field(None, description="PEM certificate chain; enables TLS.")
     tls_key_file: Path | None = Field(None, description="PEM private key for tls_cert_file.")

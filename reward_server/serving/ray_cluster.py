@@ -15,10 +15,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import secrets
 import socket
+import stat
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 
 from reward_server.errors import ConfigError
 
@@ -52,6 +56,40 @@ def keep_local_ray_on_loopback(*, local_node_ip: str) -> bool:
         return os.environ.get(SINGLE_NODE_ENV) == "0"
     os.environ.setdefault(SINGLE_NODE_ENV, "0")
     return os.environ[SINGLE_NODE_ENV] == "0"
+
+
+def private_ray_token(env: Mapping[str, str] | None = None, *, home: Path | None = None) -> Path | None:
+    """Before this process starts a local Ray: the token file that Ray will use is this user's
+    alone. Ray 2.60's ``ray.init()`` writes a missing ``~/.ray/auth_token`` with the umask's
+    mode (0644, as ``ray get-auth-token --generate`` does): make it here first, the way Ray
+    would (64 hex digits) but 0600 in a 0700 ``~/.ray``, and make an existing one of this user
+    that others can read 0600. Nothing when token auth is off (``RAY_AUTH_MODE``; unset means
+    on for a cluster Ray starts) or the token is a value (``RAY_AUTH_TOKEN``). Returns the file."""
+    env = os.environ if env is None else env
+    if env.get(AUTH_MODE_ENV, "token").lower() != "token" or env.get("RAY_AUTH_TOKEN"):
+        return None
+    named = env.get("RAY_AUTH_TOKEN_PATH")
+    path = Path(named) if named else (home or Path.home()) / ".ray" / "auth_token"
+    if not named:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            logger.info("Ray token auth: made the token file %s (mode 0600)", path)
+            return path
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # a named file that is missing: Ray says so
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        path.chmod(0o600)
+        logger.warning("Ray token file %s was readable by other users (%s); made it 0600", path,
+                       stat.filemode(st.st_mode))
+    return path
 
 
 def auth_fix(address: str, detail: str) -> str:

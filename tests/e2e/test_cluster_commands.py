@@ -32,7 +32,8 @@ and worker start lines (``deploy/commands.sh head``, ``serve-deploy``, ``ingress
 
 Tokens, as the manifests give them: the Ray token as a file (``RAY_AUTH_TOKEN_PATH``, ray up's
 file_mounts) to the head, worker, ingresses and job; as a value (``RAY_AUTH_TOKEN``, KubeRay's
-Secret) to the ingress pod; ``REWARD_SERVER_TOKEN`` to the ingresses and to the head, whose
+Secret) to the ingress pod; the server's token as a file (``REWARD_SERVER_TOKEN_FILE``, ray
+up's file_mounts and KubeRay's mounted Secret alike) to the ingresses and to the head, whose
 job inherits it as the RayJob's pods do. HOME is an empty folder: no ``~/.ray/auth_token``.
 """
 
@@ -213,12 +214,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     home.mkdir()
     ray_token = write_token(tmp / "ray_auth_token")  # ray up: the file_mounts copy on each node
     server_token = secrets.token_hex(16)
+    token_file = tmp / "reward-server-token"  # ray up: the file_mounts copy; KubeRay: the Secret
+    token_file.write_text(server_token)
+    token_file.chmod(0o600)
     config, serve_config = fake_configs(tmp)
     gcs, dash, client = free_ports(3)
     env = project_env({
         "HOME": str(home), "RAY_AUTH_TOKEN": None, "RAY_ADDRESS": None,
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": None, "RAY_AUTH_TOKEN_PATH": str(ray_token),
-        "REWARD_SERVER_TOKEN": server_token, "REWARD_SERVER_CONFIG": str(config),
+        "REWARD_SERVER_TOKEN": None, "REWARD_SERVER_TOKEN_FILE": str(token_file),
+        "REWARD_SERVER_CONFIG": str(config),
         "SERVE_CONFIG": str(serve_config), "RAY_PORT": str(gcs), "RAY_HEAD_IP": "127.0.0.1",
         "RAY_DASHBOARD_ADDRESS": f"http://127.0.0.1:{dash}", "REWARD_SERVER_HOST": "127.0.0.1",
         **{k: None for k in os.environ if k.startswith("REWARD_SERVER__")},
@@ -354,3 +359,26 @@ def test_the_rayjob_entrypoint_trains_one_trl_step_against_the_ingresses(
     run_log = tmp_path / "runs" / run_name / "run_log.jsonl"
     assert '"reward"' in run_log.read_text()
     assert cluster.server_token not in out
+    listing = subprocess.run(["ray", "job", "list", "--address", cluster.dashboard], cwd=ROOT,
+                             env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and "trainer/run.py" in listing.stdout, listing.stderr[-2000:]
+    assert cluster.server_token not in listing.stdout + listing.stderr
+
+
+def test_a_worker_whose_token_the_head_refuses_stops_in_seconds_with_one_line(
+        cluster: Cluster, tmp_path: Path) -> None:
+    wrong = write_token(tmp_path / "wrong")
+    line = runnable(line_calling(ray_up()["worker_start_ray_commands"], "worker"),
+                    append=f"--num-cpus=1 {node_flags(tmp_path / 'node')}")
+    start = time.monotonic()
+    proc = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**cluster.env, "RAY_AUTH_TOKEN_PATH": str(wrong)})
+    took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    # the one line, besides what the manifest line's own `ulimit -n` may say on this machine
+    (error,) = [ln for ln in out if "ulimit" not in ln]
+    assert len(out) <= 2, out
+    assert error.startswith("error: deploy/commands.sh worker: the head at 127.0.0.1:") and \
+        "refused this node's Ray token (InvalidAuthToken)" in error and "RAY_AUTH_TOKEN" in error
+    assert took < 30, took  # a bound, not a benchmark: ray start retried for 22.7 s (63 lines)

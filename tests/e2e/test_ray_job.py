@@ -132,3 +132,33 @@ def test_joining_the_cluster_without_its_token_fails_in_seconds_with_the_fix(ray
     assert "~/.ray/auth_token" in err and "ray get-auth-token" in err
     assert took < 30  # not Ray's ~20 s of InvalidAuthToken retries before a bare ConnectionError
     assert err.count("InvalidAuthToken") <= 3
+
+
+def test_the_server_token_reaches_a_job_as_a_file_and_no_listing_shows_it(ray_head, tmp_path) -> None:
+    """The documented way to give a `ray job submit` job the reward server's token: the runtime
+    env names the file (REWARD_SERVER_TOKEN_FILE); the job, and every worker of it, reads the
+    token from there. `ray job list` shows the file's path, never the token."""
+    import hashlib
+    import json
+    import subprocess
+
+    token = "c0ffee" * 8
+    path = tmp_path / "reward-server-token"
+    path.write_text(token)
+    path.chmod(0o600)
+    probe = ("import hashlib, ray; from reward_server.client import bearer_token; ray.init(); "
+             "f = ray.remote(lambda: hashlib.sha256(bearer_token().encode()).hexdigest()); "
+             "print('driver', hashlib.sha256(bearer_token().encode()).hexdigest()); "
+             "print('worker', ray.get(f.remote()))")
+    job = ray_head.submit(["python", "-c", probe], working_dir=ROOT / "trainer" / "config",
+                          timeout_s=240, runtime_env_json=json.dumps(
+                              {"env_vars": {"REWARD_SERVER_TOKEN_FILE": str(path)}}))
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out[-4000:]
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert f"driver {digest}" in out and f"worker {digest}" in out
+    listing = subprocess.run([ray_head.ray, "job", "list", "--address", ray_head.dashboard_url],
+                             env=ray_head.env, capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    assert str(path) in listing.stdout  # the job's runtime env, as listed
+    assert token not in listing.stdout + listing.stderr and token not in out

@@ -71,6 +71,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "items.jsonl").write_text('{"id": "a", "rubric_score": {"context": "c", "text": "t", '
                                      '"rules": ["r"]}}\n')
     (tmp / "camel.jsonl").write_text('{"id": "a", "parl_reward": {"policy_outptu": "x"}}\n')
+    (tmp / "typo.yaml").write_text("engines:\n  judge: {kind: transformers, model: x, devcie: cpu}\n")
+    (tmp / "token").write_text("wrong\n")
+    (tmp / "token").chmod(0o600)  # one readable by others gets a warning line of its own
     return tmp
 
 
@@ -118,6 +121,20 @@ def mistakes(work: Path, live: str) -> list[Mistake]:
         Mistake("check-config file that does not exist", [*CLI, "check-config", "-c",
                                                           str(work / "nope.yaml")], "does not exist"),
         Mistake("serve --port not a number", [*CLI, "serve", "--port", "abc"], "invalid int value"),
+        # --fake replaces the engines, not a misspelt key: refused, on --set and in the file
+        Mistake("serve --fake with a misspelt engines key", [*CLI, "serve", "--fake", "--set",
+                                                            "engines.judge.modle=x"],
+                "engines.judge.modle (from --set engines.judge.modle=x): unknown key"),
+        Mistake("serve --fake, a misspelt engines key in the file", [
+            *CLI, "serve", "--fake", "-c", str(work / "typo.yaml")], "engines.judge.devcie"),
+        Mistake("score with a token file holding a wrong token", [
+            *CLI, "score", "--target", live, "-i", str(work / "items.jsonl")],
+                "(UNAUTHENTICATED: wrong bearer token)",  # the file was read
+                env=(("REWARD_SERVER_TOKEN_FILE", str(work / "token")),)),
+        Mistake("trl with a token file that does not exist", [
+            *trl, "--reward-server", live, "--data", data],
+                "$REWARD_SERVER_TOKEN_FILE=/no/such/token: no such file",
+                env=(("REWARD_SERVER_TOKEN_FILE", "/no/such/token"),)),
         Mistake("info with no server", [*CLI, "info", "--target", dead, "--probe-timeout-s", "1"],
                 f"reward server {dead} is not reachable"),
         Mistake("score with a wrong token", [*CLI, "score", "--target", live, "--token", "wrong",
@@ -169,7 +186,7 @@ def test_the_trainer_with_no_server_fails_within_15_s(work: Path, tmp_path: Path
     dead = f"127.0.0.1:{free_port()}"
     proc, took = run([*RUN, "--engine", "trl", "--data", str(work / "data"), "--reward-server",
                       dead, "--output-dir", str(tmp_path / "runs")], timeout=60)
-    assert_one_line(proc, f"reward server {dead} is not reachable within 10 s")
+    assert_one_line(proc, f"reward server {dead} is not reachable (UNAVAILABLE: Connection refused)")
     assert "--reward-server HOST:PORT" in proc.stderr  # the fix
     assert not (tmp_path / "runs").exists()
     assert took <= 15.0, took

@@ -27,7 +27,12 @@ from ray.serve.handle import DeploymentHandle
 
 from reward_server.serving._private.adapters import HandleCaller
 from reward_server.serving._private.watch import AppWatch, wait_apps_running
-from reward_server.serving.ray_cluster import SINGLE_NODE_ENV, check_cluster, is_loopback
+from reward_server.serving.ray_cluster import (
+    SINGLE_NODE_ENV,
+    check_cluster,
+    is_loopback,
+    private_ray_token,
+)
 from reward_server.serving.settings import RaySettings
 
 logger = logging.getLogger(__name__)
@@ -173,6 +178,7 @@ def ensure_ray(settings: RaySettings) -> tuple[bool, bool]:
                  log_to_driver=settings.log_to_driver, _temp_dir=settings.node_temp_dir)
         return False, True
     logger.info("starting an embedded local Ray on %s", settings.local_node_ip)
+    private_ray_token()  # Ray would write a missing ~/.ray/auth_token readable by all
     ray.init(
         num_cpus=settings.local_num_cpus,
         num_gpus=settings.local_num_gpus,

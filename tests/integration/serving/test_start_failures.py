@@ -63,6 +63,9 @@ def test_a_replica_no_node_can_hold_ends_serve_at_once(tmp_path: Path) -> None:
     line = one_error_line(proc.stderr)
     assert "Serve deployment reward-judge/JudgeDeployment (model fake-judge) cannot be placed" in line
     assert "GPU: needs 1, cluster has 0" in line and "serving.ray.judge.num_gpus" in line, line
+    # the embedded Ray's token, made before Ray starts: the user's alone (Ray writes it 0644)
+    token = tmp_path / ".ray" / "auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
 
 
 def crashing(how: str) -> Any:

@@ -160,8 +160,9 @@ def test_rayservice_embeds_the_serve_config_and_exposes_grpc() -> None:
     # grpc.health.v1 on the health port (server.health_port: auto = the main port + 1)
     assert load_config(DEPLOY / "reward_server_config.yaml", env={}).server.health_port == "auto"
     assert ports["grpc-health"] == GRPC_PORT + 1
-    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+    for probe in ("readinessProbe", "startupProbe"):
         assert container[probe]["grpc"]["port"] == GRPC_PORT + 1
+    assert container["livenessProbe"]["tcpSocket"]["port"] == GRPC_PORT + 1
     # the ingress pod's command is written once, in deploy/commands.sh
     assert container["command"] == [f"{INSTALL_ROOT}/deploy/commands.sh", "ingress-node"]
     env = {e["name"]: e for e in container["env"]}
@@ -283,18 +284,60 @@ def test_every_kuberay_container_joins_ray_with_the_token_from_one_secret() -> N
         assert cluster["authOptions"] == {"mode": "token", "secretName": RAY_SECRET["name"]}
 
 
-def test_the_server_token_comes_from_one_secret_for_the_ingress_and_the_trainer() -> None:
-    by_where = {w: c for d in _kube_docs() for w, c in _containers(d)}
-    ingress = by_where["Deployment.spec.template.spec.ingress"]
-    trainer = [c for w, c in by_where.items() if w.startswith("RayJob.spec.rayClusterSpec")]
-    assert len(trainer) == 2  # the driver runs on the head; reward calls also from workers
-    for c in [ingress, *trainer]:
-        ref = _secret_env(c, "REWARD_SERVER_TOKEN")
-        assert ref is not None and {k: ref[k] for k in ("name", "key")} == SERVER_SECRET, c["name"]
-        assert ref.get("optional") is not True  # auth on: a missing Secret stops the pod
-    for w, c in by_where.items():  # nothing else holds the server's token
-        if c is not ingress and c not in trainer:
-            assert _secret_env(c, "REWARD_SERVER_TOKEN") is None, w
+def _pods(doc: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) for every pod template of a manifest document."""
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "containers" in node:
+                found.append((where, node))
+            for k, v in node.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, where)
+
+    walk(doc, doc["kind"])
+    return found
+
+
+def test_the_server_token_is_a_file_from_one_secret_for_the_ingress_and_the_trainer() -> None:
+    """The ingress and the trainer's pods (the driver on the head; reward calls from workers too)
+    read the token from the Secret mounted as a file (REWARD_SERVER_TOKEN_FILE), readable by
+    the image's user (fsGroup 100, mode 0440); the token is in no environment variable."""
+    pods = [(w, pod) for d in _kube_docs() for w, pod in _pods(d)]
+    holders = []
+    for where, pod in pods:
+        (container, *_) = pod["containers"]
+        assert _secret_env(container, "REWARD_SERVER_TOKEN") is None, where
+        path = _plain_env(container, "REWARD_SERVER_TOKEN_FILE")
+        if path is None:
+            continue
+        holders.append(where)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["secretName"] == SERVER_SECRET["name"] and secret.get("optional") is not True
+        assert path == f"{mount['mountPath']}/{SERVER_SECRET['key']}" and mount["readOnly"] is True
+        assert secret["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 100
+    assert sorted(holders) == ["Deployment.spec.template.spec",
+                               "RayJob.spec.rayClusterSpec.headGroupSpec.template.spec",
+                               "RayJob.spec.rayClusterSpec.workerGroupSpecs.template.spec"]
+
+
+def test_liveness_is_the_process_and_readiness_the_serving_status() -> None:
+    """The health port says NOT_SERVING while an engine is down, while the main port's
+    connections are at their cap and while draining: readiness (out of the Services until it
+    passes again). A restart cures none of these, so liveness only asks whether the process
+    still accepts connections on that port."""
+    (ingress,) = _docs("kuberay/rayservice.yaml")["Deployment"]
+    (container,) = ingress["spec"]["template"]["spec"]["containers"]
+    health = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc-health")
+    assert container["readinessProbe"]["grpc"] == {"port": health, "service": ""}
+    assert container["startupProbe"]["grpc"]["port"] == health
+    live = container["livenessProbe"]
+    assert "grpc" not in live and "httpGet" not in live and live["tcpSocket"] == {"port": health}
 
 
 def test_ray_up_syncs_both_tokens_to_every_node_and_turns_token_auth_on() -> None:
@@ -356,17 +399,20 @@ def test_worker_commands_say_which_head_when_none_is_given(tmp_path: Path) -> No
 
 # ------------------------------------------------------------------ images: one name each
 def _make_default(var: str) -> str:
-    m = re.search(rf"^{var} \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    m = re.search(rf"^{var} \?= (.+)$", (ROOT / "Makefile").read_text(), re.M)
     assert m, var
     return m.group(1)
 
 
-def test_manifests_name_the_makefiles_images() -> None:
+def test_the_makefile_reads_the_image_name_from_the_manifests() -> None:
     import subprocess
 
-    image = _make_default("IMAGE")
+    assert _make_default("IMAGE") == "$(shell deploy/images.sh current)"
     assert _make_default("IMAGE_TRAIN") == "$(IMAGE)-train"
-    proc = subprocess.run([str(DEPLOY / "images.sh"), "check", image, f"{image}-train"],
+    current = subprocess.run([str(DEPLOY / "images.sh"), "current"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.strip()
+    assert current == _yaml("ray_cluster.yaml")["docker"]["image"]
+    proc = subprocess.run([str(DEPLOY / "images.sh"), "check", current, f"{current}-train"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
 
@@ -391,6 +437,9 @@ def test_images_set_rewrites_every_manifest_and_check_then_passes(tmp_path: Path
     for doc in yaml.safe_load_all((copy / "kuberay/rayservice.yaml").read_text()):
         if doc["kind"] in ("RayService", "Deployment"):
             assert {c["image"] for _, c in _containers(doc)} == {new}
+    # set once: what `make image` / `make image-push` use from then on (the Makefile's IMAGE)
+    current = subprocess.run([str(script), "current"], capture_output=True, text=True, timeout=30)
+    assert current.stdout.strip() == new
 
 
 def test_the_service_layout_deploys_replicas_that_run_the_service_on_their_own_loop() -> None:
