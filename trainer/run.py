@@ -299,6 +299,17 @@ def check_trl_args(args: argparse.Namespace) -> None:
         raise UserError(f"--save-steps must be >= 0 (got {args.save_steps})")
 
 
+def server_token() -> str | None:
+    """The reward server's bearer token: the file $REWARD_SERVER_TOKEN_FILE (or the value
+    $REWARD_SERVER_TOKEN); a named file that gives none is a UserError."""
+    from reward_server.client import TokenFileError, bearer_token
+
+    try:
+        return bearer_token()
+    except TokenFileError as e:
+        raise UserError(str(e)) from None
+
+
 def probe_server(args: argparse.Namespace) -> dict[str, Any]:
     """The reward server's Info within --probe-timeout-s, as provenance; UserError otherwise."""
     import dataclasses
@@ -309,7 +320,7 @@ def probe_server(args: argparse.Namespace) -> dict[str, Any]:
     if problem:
         raise UserError(problem)
     try:
-        info = probe_blocking(args.reward_server, token=os.environ.get("REWARD_SERVER_TOKEN"),
+        info = probe_blocking(args.reward_server, token=server_token(),
                               timeout_s=args.probe_timeout_s)
     except ServerUnreachable as e:
         raise UserError(str(e)) from None
@@ -353,7 +364,7 @@ def main_trl(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate, prompts_per_step=args.prompts_per_step,
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         temperature=args.temperature, seed=args.seed, report_to=names, retry=retry,
-        token=os.environ.get("REWARD_SERVER_TOKEN"), mask_infra_failures=args.mask_infra_failures,
+        token=server_token(), mask_infra_failures=args.mask_infra_failures,
         resume=args.resume, probe_timeout_s=args.probe_timeout_s, provenance=provenance,
         prefetch_reward=args.reward_prefetch,
     ))

@@ -247,8 +247,10 @@ def _address_and_token(config: Any) -> tuple[str, str | None]:
     if not address:
         raise ConfigError("no reward server address: pass --reward-server HOST:PORT (or set "
                           "$REWARD_SERVER_ADDRESS)")
-    token = os.environ.get(str(kw.get("token_env") or "REWARD_SERVER_TOKEN")) or None
-    return str(address), token
+    from reward_server.client import TOKEN_ENV, bearer_token
+
+    # $token_env, else the file $<token_env>_FILE (a TokenFileError is a ConfigError)
+    return str(address), bearer_token(str(kw.get("token_env") or TOKEN_ENV))
 
 
 def probe(config: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
