@@ -39,6 +39,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
+from reward_server.metrics import observe_call
 from reward_server.rpc.auth import TokenCheck
 from reward_server.rpc.connections import Conn, ConnectionGuard, peer_of
 
@@ -231,6 +232,8 @@ def _wrap(behavior: Callable[..., Any], method: _Method, kind: str, check: Token
 
     async def deny(context: grpc.aio.ServicerContext[Any, Any], call: _Call) -> None:
         if check is not None and (reason := _authorized(context, check)) is not None:
+            # reward_server_rpc_calls_total too: the servicer, which counts calls, never sees it
+            observe_call(method.name.rpartition("/")[2], "UNAUTHENTICATED", 0.0, transport="grpc")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         if guard is not None and (refused := guard.started(call.conn)) is not None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)

@@ -290,12 +290,13 @@ class HttpDoor:
         logger.info("HTTP/JSON door stopped")
 
     # ---------------------------------------------------------------- calls
-    def _authorize(self, request: Request) -> None:
+    def _authorize(self, request: Request, rpc: str) -> None:
         if self._check is None:
             return
         problem = self._check.problem(request.headers.get("authorization", "").encode(),
                                       basic=True)
-        if problem is not None:
+        if problem is not None:  # refused before the call: counted here (a 401)
+            metrics.observe_call(rpc, "UNAUTHENTICATED", 0.0, transport="http")
             raise Unauthenticated(problem.replace("metadata", "header"))
 
     async def _body(self, request: Request) -> bytearray:
@@ -325,7 +326,7 @@ class HttpDoor:
 
     async def _call(self, request: Request, rpc: str,
                     receive: Callable[[], Awaitable[bytes]]) -> Message:
-        self._authorize(request)
+        self._authorize(request, rpc)
         reply = await self._servicer.call(rpc, receive, time_remaining=lambda: None,
                                           transport="http")
         return self._servicer.as_message(rpc, reply)
@@ -384,7 +385,7 @@ class HttpDoor:
         markers = self._settings.http.openrlhf_end_markers
         built: list[pb.ScoreRequest] = []
         try:
-            self._authorize(request)
+            self._authorize(request, "Score")
             body = await self._body(request)  # small: OpenRLHF sends one sample per request
             if _empty_batch(body):  # what OpenRLHF sends its 2nd, 3rd, ... server
                 return json_response({"rewards": [], "scores": [], "extra_logs": {}})

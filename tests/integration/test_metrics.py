@@ -113,6 +113,8 @@ async def traffic(r: Running) -> None:
     base = f"http://127.0.0.1:{r.app.http_port}"
     item = {"id": "h", "rubric_score": {"context": "c", "text": "Coffee.", "rules": list(RULES)}}
     assert await asyncio.to_thread(_post, f"{base}/v1/score", {"items": [item]}) == 200
+    refused = await asyncio.to_thread(_get, f"{base}/v1/info", {"Authorization": "Bearer wrong"})
+    assert refused[0] == 401
 
 
 async def test_metrics_are_on_by_default() -> None:
@@ -143,6 +145,10 @@ async def test_grpc_standard_metrics_count_grpc_calls_only(server: Running) -> N
     # the reward server's own call metrics tell the transports apart
     assert delta("reward_server_rpc_calls_total", rpc="Score", transport="grpc") == 2
     assert delta("reward_server_rpc_calls_total", rpc="Score", transport="http", code="OK") == 1
+    # refused tokens, both doors (refused before the call reaches the servicer)
+    for transport in ("grpc", "http"):  # gRPC's Info with a wrong token; HTTP's GET /v1/info: 401
+        assert delta("reward_server_rpc_calls_total", rpc="Info", transport=transport,
+                     code="UNAUTHENTICATED") == 1, transport
     # per kind: items by outcome, rewards
     assert delta("reward_server_items_total", kind="rubric_score", status="ok") == 2
     assert delta("reward_server_items_total", kind="rubric_score", status="policy_invalid") == 1
