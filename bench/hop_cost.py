@@ -3,14 +3,21 @@ the fake judge's ``p_yes`` called in this process, through a Ray Serve deploymen
 layout's hop: ``serving.ray.transport=grpc``, and ``actor`` with ``--actor``), and through a bare
 ``grpc.aio`` call to a server in its own process (the floor of any Python gRPC hop).
 
-    python bench/hop_cost.py                 # 1, 100 and 400 prompts per call, 400 calls each
-    python bench/hop_cost.py --items 1 64 256 --calls 1000 --actor
+    python bench/hop_cost.py                 # 1, 100 and 400 prompts per call, 400 calls each, 5 runs
+    python bench/hop_cost.py --items 1 64 256 --calls 1000 --actor --no-plain
 
 For each hosting and call size it prints this process's CPU per call (all its threads, from
 /proc: the event loop, gRPC's and Ray's threads), the main thread's share, and the wall time per
 call, one call at a time. It then fits ``CPU per call = fixed + per item x items`` per hosting
-and prints the fixed part over the bare gRPC call's. The deployment's replicas run elsewhere:
-their CPU is not counted, as in ``bench/microbatch.py``'s server column.
+and prints the fixed part over the bare gRPC call's. The callee's CPU (the replica, the plain
+actor, or the bare server) is read from /proc too.
+
+Beside Serve's deployment call it measures the alternatives a Ray user has for the same hop
+(issue 56): a plain Ray actor call (``actor.p_yes.remote``, no Serve: no router, no autoscaling
+metrics, no replica wrapper) and a call to an ObjectRef streaming generator of the same actor
+(``num_returns="streaming"``, one result yielded); ``--no-plain`` skips them. Every hosting runs
+``--runs`` times, interleaved (the order rotating each run); each figure is the median and range
+over the runs, and so is the fitted fixed cost over the bare call's.
 
 Why it matters (docs/performance.md, "What a deployment call costs the ingress"): in the default
 layout the ingress runs the whole service and makes one deployment call per engine batch, so
@@ -34,10 +41,13 @@ from typing import Any
 
 import grpc
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback Ray, as `serve` sets it
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _stats import Spread, Trials, machine_line, rounds  # noqa: E402
 from _workload import free_port  # noqa: E402
 
 from reward_server.app import start_app, tune_gc_for_serving  # noqa: E402
@@ -107,6 +117,50 @@ async def bare_server(port: int) -> None:
     await server.wait_for_termination()
 
 
+def plain_actor() -> tuple[Any, int]:
+    """A plain Ray actor (no Serve) holding the fake judge, on the local Ray the apps started:
+    (its handle, its pid)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class PlainJudge:
+        def __init__(self) -> None:
+            self.judge = build_judge(FakeJudgeSettings())
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        async def p_yes(self, prompts: list[JudgePrompt]) -> list[float]:
+            return await self.judge.p_yes(prompts)
+
+        async def stream(self, prompts: list[JudgePrompt]) -> Any:
+            yield await self.judge.p_yes(prompts)
+
+    actor = PlainJudge.remote()  # type: ignore[attr-defined]
+    return actor, int(ray.get(actor.pid.remote()))
+
+
+def plain_deployment() -> tuple[Any, list[int]]:
+    """A minimal Serve deployment of the fake judge (no ``@serve.batch``, no metrics of ours, no
+    engine bookkeeping) and a handle to it as the ingress makes them (router on this loop, gRPC
+    transport): what Serve's own call path costs without our replica code. (handle, pids)"""
+    from ray import serve
+    from ray.serve.handle import DeploymentHandle
+
+    @serve.deployment(name="PlainJudge", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+    class PlainServeJudge:
+        def __init__(self) -> None:
+            self.judge = build_judge(FakeJudgeSettings())
+
+        async def p_yes(self, prompts: list[JudgePrompt]) -> list[float]:
+            return await self.judge.p_yes(prompts)
+
+    serve.run(PlainServeJudge.bind(), name="hopplain", route_prefix=None)  # type: ignore[attr-defined]
+    own: DeploymentHandle[Any] = DeploymentHandle("PlainJudge", "hopplain")
+    own._init(_run_router_in_separate_loop=False)
+    return own.options(_by_reference=False), replica_pids("hopplain")
+
+
 def fit(rows: list[tuple[int, float]]) -> tuple[float, float]:
     """Least squares ``cpu = a + b x items`` over (items, cpu ms): (a ms, b us)."""
     n = len(rows)
@@ -122,6 +176,8 @@ async def main() -> None:
     ap.add_argument("--items", type=int, nargs="+", default=[1, 100, 400], help="prompts per call")
     ap.add_argument("--calls", type=int, default=400, help="measured calls per row")
     ap.add_argument("--actor", action="store_true", help="also serving.ray.transport=actor")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain Ray actor and streaming rows")
+    ap.add_argument("--runs", type=int, default=5, help="interleaved runs of every hosting")
     ap.add_argument("--bare-port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.bare_port:
@@ -155,17 +211,45 @@ async def main() -> None:
             return out
 
         hostings["bare grpc.aio hop (floor)"] = (bare, [proc.pid])
+        if not args.no_plain:
+            actor, actor_pid = plain_actor()
+
+            async def plain(items: Sequence[JudgePrompt]) -> list[float]:
+                out: list[float] = await actor.p_yes.remote(list(items))
+                return out
+
+            async def streamed(items: Sequence[JudgePrompt]) -> list[float]:
+                out: list[float] = []
+                async for ref in actor.stream.options(num_returns="streaming").remote(list(items)):
+                    out.extend(await ref)
+                return out
+
+            hot = apps[0].hosting.engines.ray_judge.caller._hot_handle()
+
+            async def handle_only(items: Sequence[JudgePrompt]) -> list[float]:
+                out: list[float] = await hot.p_yes.remote(list(items))
+                return out
+
+            minimal, minimal_pids = plain_deployment()
+
+            async def serve_minimal(items: Sequence[JudgePrompt]) -> list[float]:
+                out: list[float] = await minimal.p_yes.remote(list(items))
+                return out
+
+            hostings["the same deployment, Serve's handle alone (no adapter of ours)"] = (
+                handle_only, hostings["Ray Serve deployment, transport grpc"][1])
+            hostings["minimal Serve deployment (no @serve.batch), Serve's handle alone"] = (
+                serve_minimal, minimal_pids)
+            hostings["plain Ray actor call (no Serve)"] = (plain, [actor_pid])
+            hostings["Ray streaming generator call (no Serve)"] = (streamed, [actor_pid])
         tune_gc_for_serving()  # as `reward-server serve` tunes the ingress
-        results: dict[str, list[tuple[int, float]]] = {}
-        print("\n| hosting | prompts per call | caller CPU ms/call (all threads) | its main "
-              "thread | callee CPU ms/call (replica or bare server) | wall ms/call |\n"
-              "|---|---:|---:|---:|---:|---:|", flush=True)
-        for name, (call, others) in hostings.items():
+        trials = Trials()
+        for run, name in rounds(list(hostings), args.runs):
+            call, others = hostings[name]
             for n in args.items:
                 cpu, main_cpu, other, wall = await measure(call, prompts(n), args.calls, others)
-                results.setdefault(name, []).append((n, cpu))
-                print(f"| {name} | {n} | {cpu:.3f} | {main_cpu:.3f} | {other:.3f} | {wall:.3f} |",
-                      flush=True)
+                trials.add(f"{name}|{n}", run, {"cpu": cpu, "main": main_cpu, "other": other, "wall": wall})
+            print(f"  run {run + 1}: {name} done", file=sys.stderr, flush=True)
         await channel.close()
     finally:
         for app in reversed(apps):  # the first one started Ray and stops it
@@ -173,13 +257,32 @@ async def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait()
-    floor = fit(results["bare grpc.aio hop (floor)"])[0]
-    print("\nCPU per call = fixed + per item x prompts (least squares over the sizes):")
-    for name, rows in results.items():
-        a, b = fit(rows)
-        vs = f"  fixed / bare gRPC's x{a / floor:.1f}" if "Ray" in name and floor > 0 else ""
-        print(f"  {name}: fixed {a:.3f} ms, per prompt {b:.2f} us{vs}")
-
+    print(f"\n{args.runs} interleaved runs of {args.calls} calls per row; median [range] over the runs\n")
+    print("| hosting | prompts per call | caller CPU ms/call (all threads) | its main thread | callee CPU "
+          "ms/call | both sides | wall ms/call |\n|---|---:|---:|---:|---:|---:|---:|")
+    for name in hostings:
+        for n in args.items:
+            key = f"{name}|{n}"
+            for r in trials.rows[key].values():
+                r["both"] = r["cpu"] + r["other"]
+            sp = {k: trials.spread(key, k) for k in ("cpu", "main", "other", "both", "wall")}
+            print(f"| {name} | {n} | {sp['cpu'].fmt(3)} | {sp['main'].median:.3f} | {sp['other'].fmt(3)} | "
+                  f"{sp['both'].fmt(3)} | {sp['wall'].median:.3f} |")
+    print("\nCPU per call = fixed + per prompt x prompts (least squares over the sizes, per run; median [range]):")
+    bare = "bare grpc.aio hop (floor)"
+    for name in hostings:
+        fixed, per, callee, vs = [], [], [], []
+        for run in range(args.runs):
+            a, b = fit([(n, trials.rows[f"{name}|{n}"][run]["cpu"]) for n in args.items])
+            fb = fit([(n, trials.rows[f"{bare}|{n}"][run]["cpu"]) for n in args.items])[0]
+            fixed.append(a)
+            per.append(b)
+            callee.append(fit([(n, trials.rows[f"{name}|{n}"][run]["other"]) for n in args.items])[0])
+            if fb > 0:
+                vs.append(a / fb)
+        print(f"  {name}: caller fixed {Spread.of(fixed).fmt(3)} ms, per prompt {Spread.of(per).fmt(2)} us; "
+              f"callee fixed {Spread.of(callee).fmt(3)} ms; caller's fixed / bare gRPC's x{Spread.of(vs).fmt(2)}")
+    print(machine_line())
 
 if __name__ == "__main__":
     asyncio.run(main())

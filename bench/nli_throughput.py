@@ -1,18 +1,25 @@
 """NLI throughput: our engine against sentence-transformers CrossEncoder, same model, same process.
 
-    python bench/nli_throughput.py                       # CPU, 2,000 pairs, random deberta-v3-small shape
-    python bench/nli_throughput.py --pairs 300 --quantize int8
+    python bench/nli_throughput.py                       # CPU, 2,000 pairs, random all-MiniLM-L6-v2 shape
+    python bench/nli_throughput.py --model-shape deberta-v3-small --pairs 500 --quantize int8
     python bench/nli_throughput.py --device cuda --model-shape deberta-v3-large --random-weights
 
 Runs (a) CrossEncoder.predict one pair at a time (how NLICV's released code scores), (b)
-CrossEncoder.predict with batch_size 32, (c) our TransformersNLI (length-sorted buckets under a
-padded-token budget) and, with --quantize int8, (d) the same with int8 dynamic quantization;
-prints pairs/s, the ratio to (a) and (b), and the largest |P(entailment) difference| from (a).
-Pairs are synthetic word sequences with premise lengths spread over 10-400 tokens. The default
-model is a random-weight model of the cross-encoder/nli-deberta-v3-small shape built on the fly
-with the MiniLM tokenizer (reward_server.backends.tiny_models); throughput does not depend on the
-weight values. On CUDA it also reports pairs/s at 128/256/512 tokens per pair and the share of
-the bf16 peak (--peak-tflops, H200 ~790 dense), FLOPs estimated as 2 x encoder params x tokens.
+CrossEncoder.predict with batch_size 32 (sentence-transformers sorts a call's pairs by character
+length itself), (b') CrossEncoder with the pairs sorted by token count first and each batch of
+``--ce-batches`` sizes one predict call (its fastest mode: no padding across lengths), (c) our
+TransformersNLI (length-sorted buckets under a padded-token budget) and, with --quantize int8,
+(d) the same with int8 dynamic quantization. The pairs are cut into ``--rounds`` chunks and the
+methods take turns on each chunk (interleaved, the order rotating), so load on a shared machine
+hits every method alike. Prints each method's pairs/s (median and range over the rounds), each
+round's ratio of ours to every CrossEncoder mode and to the fastest of them (median and range), and
+the largest |P(entailment) difference| from (a). Pairs are synthetic word sequences with premise
+lengths spread over 10-400 tokens. The default model is a random-weight model of
+all-MiniLM-L6-v2's shape (BERT, 6 layers, hidden 384; the NLI engine of bench/microbatch.py's real
+rows) built on the fly with the MiniLM tokenizer (reward_server.backends.tiny_models); throughput
+does not depend on the weight values. On CUDA it also reports pairs/s at 128/256/512 tokens per pair
+and the share of the bf16 peak (--peak-tflops, H200 ~790 dense), FLOPs estimated as 2 x encoder
+params x tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _stats import Trials, machine_line, rounds
+
 from reward_server.backends.base import NLIPair
 from reward_server.backends.settings import TransformersNLISettings
 from reward_server.backends.tiny_models import build_tiny_nli_model
@@ -40,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", help="HF id or local folder (default: random weights, see --model-shape)")
     ap.add_argument(
-        "--model-shape", default="deberta-v3-small", choices=["tiny", "deberta-v3-small", "deberta-v3-large"]
+        "--model-shape", default="minilm-l6", choices=["tiny", "minilm-l6", "deberta-v3-small", "deberta-v3-large"]
     )
     ap.add_argument(
         "--random-weights",
@@ -56,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--token-budget", type=int, default=None, help="our engine's budget (default: engine's)")
     ap.add_argument("--skip-single", action="store_true", help="skip (a); ratios then use (b)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (see main)")
+    ap.add_argument("--ce-batches", default="8,16,32", help="batch sizes of (b'), the CrossEncoder "
+                    "on token-sorted pairs")
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)  # fmt: skip
@@ -156,10 +169,30 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
+    def ce_sorted(batch: int) -> Any:
+        def run(chunk: list[NLIPair]) -> list[float]:
+            lengths = [len(ids) for ids in tok([p.premise for p in chunk], [p.hypothesis for p in chunk],
+                                                truncation=True, max_length=ours.max_length)["input_ids"]]
+            order = sorted(range(len(chunk)), key=lengths.__getitem__)
+            out = [0.0] * len(chunk)
+            for lo in range(0, len(order), batch):
+                idx = order[lo:lo + batch]
+                logits = ce.predict([(chunk[i].premise, chunk[i].hypothesis) for i in idx],
+                                    batch_size=len(idx), show_progress_bar=False)
+                for i, p in zip(idx, softmax_col(np.asarray(logits, dtype=np.float64).reshape(len(idx), -1), ent),
+                                strict=True):
+                    out[i] = float(p)
+            return out
+
+        return run
+
     methods: list[tuple[str, Any]] = []
     if not args.skip_single:
         methods.append(("(a) CrossEncoder one pair at a time", ce_single))
     methods.append(("(b) CrossEncoder batch_size=32", ce_batch))
+    for b in [int(x) for x in args.ce_batches.split(",") if x.strip()]:
+        methods.append((f"(b') CrossEncoder, token-sorted, batch {b}", ce_sorted(b)))
+    n_ce = len(methods)
     methods.append((f"(c) ours, token budget {ours.token_budget}", ours_fn(ours)))
     for b in [int(x) for x in args.token_budgets.split(",") if x.strip()]:
         methods.append((f"(c) ours, token budget {b}", ours_fn(engine(False, b))))
@@ -168,25 +201,34 @@ def main(argv: list[str] | None = None) -> int:
         methods.append((f"(d) ours + int8 dynamic quant, budget {q.token_budget}", ours_fn(q)))
     for _, fn in methods:  # warm-up
         fn(pairs[:4])
-    times = [0.0] * len(methods)
-    probs: list[list[float]] = [[] for _ in methods]
+    trials = Trials()
+    probs: dict[str, list[float]] = {label: [] for label, _ in methods}
+    fns = dict(methods)
     size = -(-len(pairs) // max(1, args.rounds))
-    for r, lo in enumerate(range(0, len(pairs), size)):
-        chunk = pairs[lo : lo + size]
-        for k, (_, fn) in enumerate(methods):
-            t = time.perf_counter()
-            probs[k] += fn(chunk)
-            times[k] += time.perf_counter() - t
-        print(f"  round {r + 1}: " + ", ".join(f"{len(probs[k]) / times[k]:.2f}"
-              for k in range(len(methods))) + " pairs/s so far", file=sys.stderr, flush=True)  # fmt: skip
-    rows = [(label, len(pairs) / times[k], np.array(probs[k])) for k, (label, _) in enumerate(methods)]
-    _, ref_rate, ref_probs = rows[0]
-    base_b = rows[1][1] if not args.skip_single else rows[0][1]
-    print(f"\n{'run':52s} {'pairs/s':>9s} {'x(a)':>7s} {'x(b)':>7s} {'max|dp| vs (a)':>15s}")
-    for label, rate, probs in rows:
-        n = min(len(probs), len(ref_probs))
-        diff = float(np.max(np.abs(probs[:n] - ref_probs[:n]))) if n else float("nan")
-        print(f"{label:52s} {rate:9.2f} {rate / ref_rate:7.2f} {rate / base_b:7.2f} {diff:15.5f}")
+    chunks = [pairs[lo : lo + size] for lo in range(0, len(pairs), size)]
+    for r, label in rounds(list(fns), len(chunks)):
+        chunk = chunks[r]
+        t = time.perf_counter()
+        p = fns[label](chunk)
+        trials.add(label, r, {"pairs_s": len(chunk) / (time.perf_counter() - t)})
+        trials.rows[label][r]["p"] = p
+    for label in fns:  # P(entailment) in the pairs' order
+        probs[label] = [x for r in sorted(trials.rows[label]) for x in trials.rows[label][r]["p"]]
+    ref = np.array(probs[methods[0][0]])
+    for r in range(len(chunks)):  # each round's fastest CrossEncoder mode
+        best = max(trials.rows[label][r]["pairs_s"] for label, _ in methods[:n_ce])
+        for label, _ in methods:
+            trials.rows[label][r]["x_best_ce"] = trials.rows[label][r]["pairs_s"] / best
+    print(f"\n{len(chunks)} interleaved rounds of {size} pairs; median [range] over the rounds\n")
+    print("| run | pairs/s | x (a) one at a time | x (b) batch 32 | x fastest CrossEncoder mode of the round | "
+          "max abs dp vs (a) |\n|---|---:|---:|---:|---:|---:|")
+    for label, _ in methods:
+        diff = float(np.max(np.abs(np.array(probs[label]) - ref)))
+        xa = trials.ratio(label, methods[0][0], "pairs_s").fmt(2) if not args.skip_single else "-"
+        xb = trials.ratio(label, "(b) CrossEncoder batch_size=32", "pairs_s").fmt(2)
+        print(f"| {label} | {trials.spread(label, 'pairs_s').fmt(2)} | {xa} | {xb} | "
+              f"{trials.spread(label, 'x_best_ce').fmt(2)} | {diff:.1e} |")
+    print(f"\nmodel: {args.model or args.model_shape + ' shape, random weights'}; {machine_line()}")
     if args.device.startswith("cuda"):
         gpu_fixed_lengths(ours, tok, args)
     tmp.cleanup()

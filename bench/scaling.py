@@ -4,6 +4,7 @@ p50/p99 and the server's CPU per item at concurrency 1/16/64/256 x items per cal
     python bench/scaling.py                  # each cell: >= 2,000 calls or >= 30 s, whichever first
     python bench/scaling.py --quick          # each cell: >= 200 calls or >= 3 s (a smoke run)
     python bench/scaling.py --set service.admission.enabled=true   # any server override
+    python bench/scaling.py --per-call 1 256 --concurrency 64 256 --min-s 10 --runs 5   # the ratios' spread
 
 Every cell runs at least 4 x concurrency calls unless its time budget ends it first.
 
@@ -13,7 +14,10 @@ off by default (a 256 x 256 cell holds 65,536 items in flight, over the default 
 on, the cell measures pushback waits, not the server's per-item cost). Each cell runs closed
 loop: ``concurrency`` callers send calls back to back until the cell's budget is spent; every
 result is checked (id, OK). Items: half rubric_score -> judge, half nli_constraints -> NLI.
-The last lines print, per item size, items/s at concurrency 256 over 64 (flat: >= 0.95).
+The last lines print, per item size, items/s at concurrency 256 over 64 (flat: >= 0.95); with
+``--runs N`` every cell runs N times, interleaved (the order rotating), and the ratios are the
+median and range over the runs' pairs. The engines are the fakes: the measure is the server's own
+per-item cost (a real CPU engine's items/s is the engine's, at any concurrency).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _stats import Trials, machine_line, rounds
 from _workload import free_port, make_items, pct
 
 from reward_server import domain as d
@@ -140,6 +145,8 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a server config override (repeatable)")
+    ap.add_argument("--runs", type=int, default=1, help="interleaved runs of every cell (ratios: "
+                    "median and range over the runs)")
     args = ap.parse_args()
     min_calls = args.min_calls or (200 if args.quick else 2000)
     min_s = args.min_s or (3.0 if args.quick else 30.0)
@@ -150,31 +157,35 @@ async def main() -> None:
           f"comes first; server GC {args.gc_gen0 or 'default'}, code from {args.server_pythonpath or 'this checkout'}; "
           f"{os.cpu_count()} CPUs (client and "
           "server share them)", flush=True)
-    rows = []
+    cells = [(per_call, conc) for per_call in args.per_call for conc in args.concurrency]
+    trials = Trials()
     try:
         async with AsyncRewardClient(target, timeout_s=600) as client:
-            for per_call in args.per_call:
-                for conc in args.concurrency:
-                    rows.append(await cell(client, server, pool, per_call=per_call, concurrency=conc,
-                                           min_calls=min_calls, min_s=min_s))
+            for run, key in rounds([f"{p}x{c}" for p, c in cells], args.runs):
+                per_call, conc = (int(x) for x in key.split("x"))
+                trials.add(key, run, await cell(client, server, pool, per_call=per_call, concurrency=conc,
+                                                min_calls=min_calls, min_s=min_s))
     finally:
         proc.terminate()
         proc.wait(30)
-    print("\n| items/call | concurrency | calls | items/s | p50 ms | p99 ms | server CPU ms/item |"
+    print(f"\n{args.runs} interleaved runs (the cells' order rotating); median [range] over the runs\n")
+    print("| items/call | concurrency | calls (median) | items/s | p50 ms | p99 ms | server CPU ms/item |"
           " client CPU ms/item | server busy | client busy |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['per_call']} | {r['concurrency']} | {r['calls']} | {r['items_s']:.0f} | {r['p50']:.1f} | "
-              f"{r['p99']:.1f} | {r['server_ms_item']:.3f} | {r['client_ms_item']:.3f} | "
-              f"{r['server_busy']:.2f} | {r['client_busy']:.2f} |")
-    by = {(r["per_call"], r["concurrency"]): r for r in rows}
+    for per_call, conc in cells:
+        key = f"{per_call}x{conc}"
+        sp = {k: trials.spread(key, k) for k in ("calls", "items_s", "p50", "p99", "server_ms_item",
+                                                  "client_ms_item", "server_busy", "client_busy")}
+        print(f"| {per_call} | {conc} | {sp['calls'].median:.0f} | {sp['items_s'].fmt(0)} | {sp['p50'].median:.1f} | "
+              f"{sp['p99'].median:.1f} | {sp['server_ms_item'].fmt(3)} | {sp['client_ms_item'].median:.3f} | "
+              f"{sp['server_busy'].median:.2f} | {sp['client_busy'].median:.2f} |")
     for per_call in args.per_call:
-        if (per_call, 64) not in by or (per_call, 256) not in by:
+        a, b = f"{per_call}x64", f"{per_call}x256"
+        if a not in trials.rows or b not in trials.rows:
             continue
-        a, b = by[(per_call, 64)], by[(per_call, 256)]
-        print(f"{per_call}-item calls: items/s at concurrency 256 / 64 x{b['items_s'] / a['items_s']:.2f}"
-              f" (target >= 0.95); server CPU per item 256 / 64 x{b['server_ms_item'] / a['server_ms_item']:.2f}")
-
+        print(f"{per_call}-item calls: items/s at concurrency 256 / 64 x{trials.ratio(b, a, 'items_s').fmt(2)}"
+              f" (target >= 0.95); server CPU per item 256 / 64 x{trials.ratio(b, a, 'server_ms_item').fmt(2)}")
+    print(machine_line())
 
 if __name__ == "__main__":
     asyncio.run(main())
