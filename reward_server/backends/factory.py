@@ -28,21 +28,25 @@ from reward_server.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
-def check_judge_source(settings: JudgeSettings) -> None:
-    """What :func:`build_judge` checks before it loads anything: the model can be had here."""
+def check_judge_source(settings: JudgeSettings) -> str | None:
+    """What :func:`build_judge` checks before it loads anything: the model can be had here.
+    Returns the folder to load it from instead of its name (its cached copy, the hub being
+    unreachable), else None."""
     from reward_server.backends.hub import check_model_source
     from reward_server.backends.smollm2 import LOCAL_MODEL_ALIAS
 
     if isinstance(settings, TransformersJudgeSettings | VLLMJudgeSettings) and settings.model != LOCAL_MODEL_ALIAS:
-        check_model_source(settings.model, setting="engines.judge.model")
+        return check_model_source(settings.model, setting="engines.judge.model")
+    return None
 
 
-def check_nli_source(settings: NLIEngineSettings) -> None:
-    """What :func:`build_nli` checks before it loads anything: the model can be had here."""
+def check_nli_source(settings: NLIEngineSettings) -> str | None:
+    """What :func:`build_nli` checks before it loads anything (as :func:`check_judge_source`)."""
     from reward_server.backends.hub import check_model_source
 
     if isinstance(settings, TransformersNLISettings):
-        check_model_source(settings.model, setting="engines.nli.model")
+        return check_model_source(settings.model, setting="engines.nli.model")
+    return None
 
 
 def build_judge(settings: JudgeSettings) -> JudgeEngine:
@@ -51,15 +55,15 @@ def build_judge(settings: JudgeSettings) -> JudgeEngine:
     if isinstance(settings, FakeJudgeSettings):
         return FakeJudge(latency_s=settings.latency_s, model_id=settings.model_id)
     if isinstance(settings, TransformersJudgeSettings):
-        check_judge_source(settings)
+        load_from = check_judge_source(settings)
         from reward_server.backends.transformers_judge import TransformersJudge
 
-        return TransformersJudge.from_settings(settings)
+        return TransformersJudge.from_settings(settings, load_from=load_from)
     if isinstance(settings, VLLMJudgeSettings):
-        check_judge_source(settings)
+        load_from = check_judge_source(settings)
         from reward_server.backends.vllm_judge import VLLMJudge
 
-        return VLLMJudge.from_settings(settings)
+        return VLLMJudge.from_settings(settings, load_from=load_from)
     if isinstance(settings, OpenAIJudgeSettings):
         from reward_server.backends.openai_judge import OpenAIJudge
 
@@ -75,10 +79,10 @@ def build_nli(settings: NLIEngineSettings, *, judge: JudgeEngine | None = None) 
             max_length=settings.max_length, latency_s=settings.latency_s, model_id=settings.model_id
         )
     if isinstance(settings, TransformersNLISettings):
-        check_nli_source(settings)
+        load_from = check_nli_source(settings)
         from reward_server.backends.transformers_nli import TransformersNLI
 
-        return TransformersNLI.from_settings(settings)
+        return TransformersNLI.from_settings(settings, load_from=load_from)
     if isinstance(settings, JudgeNLISettings):
         if judge is None:
             raise ConfigError("engines.nli.kind=judge needs a judge engine (set engines.judge)")

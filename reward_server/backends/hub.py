@@ -10,9 +10,14 @@ with the model, what was wrong and the fix. It honours huggingface_hub's setting
 ``HF_HUB_OFFLINE`` (then only the cache is looked at), ``HF_ENDPOINT`` (a mirror), ``HF_HOME`` /
 ``HF_HUB_CACHE`` (where the cache is), ``HF_TOKEN`` (private or gated models).
 
-A model already in the cache is never probed (transformers falls back to the cache at once when
-the hub does not answer). Any answer from the hub other than "no such model" (a file missing, a
-5xx) is left to the loader, whose own retries are for a hub that answers.
+A model already in the cache is probed too, unless ``HF_HUB_OFFLINE`` is set: by name, the
+loader asks the hub for each file it may need, the optional ones it never had included
+(``adapter_config.json``, ...), and retries each 5 times: a cached tiny NLI model took 94 s to
+load with the hub unreachable. When the hub cannot be reached, :func:`check_model_source`
+returns the folder of the cached copy instead, which loads without a request. Any answer from
+the hub other than "no such model" (a file missing, a 5xx) is left to the loader, whose own
+retries are for a hub that answers; :func:`one_log_line_per_record` prints those retry lines
+once, not twice.
 """
 
 from __future__ import annotations
@@ -32,6 +37,29 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
 
 
+def one_log_line_per_record() -> None:
+    """huggingface_hub's records (its retry lines) printed once: it gives its logger a handler
+    of its own and lets records propagate, so an application that configures logging (the
+    server, the trainer, a Ray worker) printed each line twice. Its docs say to remove that
+    handler then (``enable_propagation``); with no handler configured Python's last-resort
+    handler still prints warnings, once."""
+    hub_logger = logging.getLogger("huggingface_hub")
+    for handler in list(hub_logger.handlers):
+        if type(handler) is logging.StreamHandler:
+            hub_logger.removeHandler(handler)
+
+
+def _snapshot(model: str) -> str | None:
+    """The cached copy's folder (the main revision), found without a request; None if none."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = str(snapshot_download(model, local_files_only=True))
+    except Exception:
+        return None
+    return folder if (Path(folder) / "config.json").is_file() else None
+
+
 def _cached(model: str, cache: str) -> bool:
     """Whether the cache holds a snapshot of hub model ``model`` (what the loader reads offline)."""
     from huggingface_hub.file_download import repo_folder_name
@@ -40,13 +68,16 @@ def _cached(model: str, cache: str) -> bool:
     return snapshots.is_dir() and any(snapshots.iterdir())
 
 
-def check_model_source(model: str, *, setting: str) -> None:
+def check_model_source(model: str, *, setting: str) -> str | None:
     """Raise :class:`ModelLoadError` (one line: the model, the cause, the fix) when ``model`` is
     neither a local folder nor a hub model that this process can load; return quickly when it
     is one (or when only the loader can tell). ``setting`` names the config field (for the fix).
+    Returns the folder to load instead of the name (the cached copy, when the hub cannot be
+    reached), else None: load ``model`` as named.
     """
+    one_log_line_per_record()
     if Path(model).expanduser().is_dir():
-        return
+        return None
     if _looks_like_path(model):
         raise ModelLoadError(f"{setting}={model!r}: no such folder on this machine; give the "
                              "folder that holds the model's config.json, weights and tokenizer, "
@@ -68,7 +99,7 @@ def check_model_source(model: str, *, setting: str) -> None:
                              f"Hugging Face hub id ({e})") from None
     cache = constants.HF_HUB_CACHE
     if _cached(model, cache):
-        return
+        return None if constants.is_offline_mode() else _cached_unless_reachable(model, setting)
     fix = _FIX.format(setting=setting, model=model)
     if constants.is_offline_mode():
         raise ModelLoadError(f"cannot load {model!r} ({setting}): HF_HUB_OFFLINE is set and it "
@@ -98,3 +129,25 @@ def check_model_source(model: str, *, setting: str) -> None:
     except Exception as e:  # a probe that fails otherwise must not stop a model that loads
         logger.warning("could not check %s on the hub (%s: %s); loading it anyway", model,
                        type(e).__name__, e)
+    return None
+
+
+def _cached_unless_reachable(model: str, setting: str) -> str | None:
+    """A cached model: its folder when the hub cannot be reached (one request), else None."""
+    import httpx
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    try:
+        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        return None
+    except (httpx.TransportError, OfflineModeIsEnabled) as e:
+        cause = " ".join(str(e).split()) or type(e).__name__
+    except Exception:  # the hub answered: the loader asks it for the rest
+        return None
+    folder = _snapshot(model)
+    if folder is not None:
+        logger.warning("%s=%s: hub %s unreachable (%s); loading the cached copy %s (set "
+                       "HF_HUB_OFFLINE=1 to skip this request)", setting, model,
+                       constants.ENDPOINT, cause[:120], folder)
+    return folder

@@ -159,11 +159,14 @@ class TransformersJudge:
         return judge
 
     @classmethod
-    def from_settings(cls, settings: TransformersJudgeSettings) -> TransformersJudge:
+    def from_settings(cls, settings: TransformersJudgeSettings, *,
+                      load_from: str | None = None) -> TransformersJudge:
+        """``load_from``: a folder to load ``settings.model`` from (its cached copy), whose name
+        the judge still reports."""
         from reward_server.backends.smollm2 import resolve_model
 
         set_threads(settings.num_threads)
-        model, model_id = resolve_model(settings.model)
+        model, model_id = (load_from, settings.model) if load_from else resolve_model(settings.model)
         return cls(
             model,
             device=settings.device,

@@ -105,8 +105,10 @@ class TransformersNLI:
         )
 
     @classmethod
-    def from_settings(cls, settings: TransformersNLISettings) -> TransformersNLI:
-        """Load ``settings.model`` (HF id or local folder) on the configured device and dtype."""
+    def from_settings(cls, settings: TransformersNLISettings, *,
+                      load_from: str | None = None) -> TransformersNLI:
+        """Load ``settings.model`` (HF id or local folder; ``load_from``: a folder to load it from
+        instead, its cached copy) on the configured device and dtype."""
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -115,8 +117,9 @@ class TransformersNLI:
         on_gpu = device.startswith("cuda")
         dtype = resolve_dtype(settings.dtype, device)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(settings.model)
-            model = AutoModelForSequenceClassification.from_pretrained(settings.model, dtype=dtype)
+            source = load_from or settings.model
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForSequenceClassification.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as e:
             raise ModelLoadError(
                 f"cannot load NLI model {settings.model!r}: {e}. Give nli_engine.model as a "

@@ -184,10 +184,12 @@ class VLLMJudge:
                     p_yes_readout, self._yes, self._no, self.cache_kwargs)
 
     @classmethod
-    def from_settings(cls, settings: VLLMJudgeSettings) -> VLLMJudge:
+    def from_settings(cls, settings: VLLMJudgeSettings, *, load_from: str | None = None) -> VLLMJudge:
+        """``load_from``: a folder to load ``settings.model`` from (its cached copy), whose name
+        the judge still reports."""
         from reward_server.backends.smollm2 import resolve_model
 
-        model, model_id = resolve_model(settings.model)
+        model, model_id = (load_from, settings.model) if load_from else resolve_model(settings.model)
         return cls(
             model,
             gpu_memory_utilization=settings.gpu_memory_utilization,

@@ -33,7 +33,7 @@ class _Hub(socketserver.ThreadingMixIn, http.server.HTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Hub
 
-    def do_HEAD(self) -> None:  # noqa: N802  (http.server's name)
+    def do_HEAD(self) -> None:
         self.server.requests += 1
         if self.server.mode == "close":  # a hub that cannot be reached: no answer at all
             self.close_connection = True
@@ -102,12 +102,31 @@ def test_offline_and_not_cached_fails_without_asking_the_hub(hub: _Hub, tmp_path
     assert hub.requests == 0
 
 
-def test_a_cached_model_is_not_probed(hub: _Hub, tmp_path: Path) -> None:
+def test_a_cached_model_is_probed_once_online_and_never_offline(hub: _Hub, tmp_path: Path) -> None:
+    """Online, one request tells whether the loader may ask the hub for the files the cache
+    lacks (tests/integration/test_model_source.py loads the cached copy when it may not)."""
     (tmp_path / "models--some-org--judge-that-is-not-here" / "snapshots" / "abc").mkdir(parents=True)
-    for offline in (False, True):
+    for offline, requests in ((True, 0), (False, 1)):
         proc = _check(MODEL, cache=tmp_path, endpoint=_url(hub), offline=offline)
         assert proc.returncode == 0, proc.stderr
-    assert hub.requests == 0
+        assert hub.requests == requests
+
+
+def test_the_hubs_retry_lines_are_printed_once(hub: _Hub) -> None:
+    """huggingface_hub's own handler and the application's printed each retry line twice."""
+    hub.mode = "error"  # 500: huggingface_hub retries
+    code = ("import logging, sys\nlogging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+            "from huggingface_hub.utils import http_backoff\n"
+            "from reward_server.backends.hub import one_log_line_per_record\n"
+            "if sys.argv[2] == 'fix':\n    one_log_line_per_record()\n"
+            "try:\n    http_backoff('HEAD', sys.argv[1], max_retries=1, base_wait_time=0.01)\n"
+            "except Exception:\n    pass  # the 500 after the retry\n")
+    for how, lines in (("as-is", 2), ("fix", 1)):
+        proc = subprocess.run([sys.executable, "-c", code, f"{_url(hub)}/x", how],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("Retrying in") == lines, (how, proc.stderr)
+    assert "WARNING:huggingface_hub" in proc.stderr  # through the application's handler
 
 
 @pytest.mark.parametrize(("mode", "says"), [("missing", "has no model of that name"),
