@@ -68,9 +68,8 @@ class DeploymentSettings(BaseModel):
     )
     env_vars: dict[str, str] = Field(
         default_factory=dict, description="Environment variables of this deployment's replicas "
-        "(Ray runtime_env env_vars), e.g. HF_HUB_OFFLINE: '1' on a machine without internet: a "
-        "model name that is not local then fails at once, instead of after the Hugging Face "
-        "hub's retries (about 25 s per file it asks for)."
+        "(Ray runtime_env env_vars), e.g. HF_HUB_OFFLINE: '1' on a machine without internet: "
+        "models load from the local cache without asking the Hugging Face hub."
     )
 
     @model_validator(mode="after")
