@@ -1,0 +1,91 @@
+"""A GRPO group's prompt run once in TRL's log-prob forwards.
+
+TRL 1.16 computes the policy's (with gradients) and the reference model's log-probs of a
+batch by running every row, prompt and completion, through the model, and on devices without
+Triton (a CPU) its fused LM head projects EVERY position onto the vocabulary, the prompt's
+included, although only the completion's log-probs are kept (``trl/trainer/utils.py``,
+``add_fused_lm_head``: "Elsewhere ... every position is scored instead"). A GRPO batch holds
+each prompt ``num_generations`` times, and prompts are most of the tokens (the demo: ~350
+prompt tokens, 48 completion tokens, 4 completions a prompt): most of that work is repeated.
+
+:func:`shared_prompt_logps` computes the same log-probs (and entropies) by running each
+distinct padded prompt once (its last token aside) through the backbone into a KV cache,
+selecting that cache for every row of the prompt, and running only the last prompt token and
+the completion through the model and its fused head. Positions, attention mask and
+temperature are TRL's own, so the values are TRL's up to float rounding; gradients flow
+through the shared cache into the prompt's forward. :func:`shared_prompt_trainer` uses it
+where it holds (a plain causal LM in one process, no gradient checkpointing, no images, no
+MoE auxiliary loss) and TRL's own method elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def shared_prompt_logps(
+    model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *,
+    compute_entropy: bool = False, batch_size: int | None = None,
+) -> tuple[Any, Any]:
+    """``(log_probs, entropies or None)`` of the last ``logits_to_keep`` tokens of each row, as
+    ``GRPOTrainer._get_per_token_logps_and_entropies`` returns them; rows are handled
+    ``batch_size`` at a time (all at once for None) and rows with equal prompts share one
+    prompt forward."""
+    import torch
+    from transformers import DynamicCache
+
+    rows = input_ids.size(0)
+    step = batch_size or rows
+    logps, entropies = [], []
+    cut = input_ids.size(1) - logits_to_keep - 1  # the prompt minus its last token
+    for start in range(0, rows, step):
+        ids, mask = input_ids[start:start + step], attention_mask[start:start + step]
+        prompt_key = torch.cat([ids[:, :cut], mask[:, :cut]], dim=1)
+        unique, inverse = torch.unique(prompt_key, dim=0, return_inverse=True)
+        cache = DynamicCache(config=model.config)
+        model.base_model(input_ids=unique[:, :cut], attention_mask=unique[:, cut:], past_key_values=cache,
+                         use_cache=True)
+        cache.batch_select_indices(inverse)
+        tail = ids[:, cut:]
+        labels = tail.masked_fill(mask[:, cut:] == 0, -100)
+        out = model(input_ids=tail, attention_mask=mask, past_key_values=cache, labels=labels,
+                    fused_lm_head=True)
+        logps.append(out.log_probs[:, -logits_to_keep:])
+        if compute_entropy:
+            entropies.append(out.entropy[:, -logits_to_keep:])
+    return torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None
+
+
+def shares_prompt(trainer: Any, model: Any, input_ids: Any, logits_to_keep: int, extra: dict[str, Any]) -> bool:
+    """Whether :func:`shared_prompt_logps` computes what TRL would for this call."""
+    from transformers import PreTrainedModel
+
+    return (isinstance(model, PreTrainedModel) and trainer.accelerator.num_processes == 1
+            and not getattr(model, "is_gradient_checkpointing", False)
+            and input_ids.size(1) - logits_to_keep >= 2
+            and all(v is None for v in extra.values()))
+
+
+def shared_prompt_trainer(base: type[Any]) -> type[Any]:
+    """``base`` (a ``GRPOTrainer`` class) computing log-probs with :func:`shared_prompt_logps`
+    where :func:`shares_prompt` says it may, with TRL's own method elsewhere."""
+
+    class SharedPromptGRPOTrainer(base):  # type: ignore[misc]
+        shared_prompt_calls = 0
+
+        def _get_per_token_logps_and_entropies(
+            self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int,
+            batch_size: int | None = None, compute_entropy: bool = False, compute_aux_loss: bool = False,
+            **extra: Any,
+        ) -> Any:
+            if compute_aux_loss or not shares_prompt(self, model, input_ids, logits_to_keep, extra):
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+            self.shared_prompt_calls += 1
+            with self.accelerator.autocast():
+                logps, entropies = shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep,
+                                                       compute_entropy=compute_entropy, batch_size=batch_size)
+            return logps, entropies, None
+
+    return SharedPromptGRPOTrainer
