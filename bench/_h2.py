@@ -22,7 +22,8 @@ import h2.exceptions
 import h2.settings
 
 CANCEL = h2.errors.ErrorCodes.CANCEL
-_HEADERS, _CONTINUATION, _GOAWAY = 0x1, 0x9, 0x7
+_HEADERS, _CONTINUATION, _GOAWAY, _RST_STREAM = 0x1, 0x9, 0x7, 0x3
+REFUSED_STREAM = 0x7
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -89,6 +90,9 @@ class RawH2:
         self.goaway: int | None = None
         self.closed = False
         self._read_window = True  # False: never open the window again (a non-reading peer)
+        self.refused = 0  # RST_STREAM(REFUSED_STREAM) frames the server sent, streams this
+        # client had reset already included (h2 drops those without an event)
+        self._tail = b""  # an incomplete frame, to scan with the next read
 
     @classmethod
     async def open(cls, port: int, *, window: int | None = None, host: str = "127.0.0.1",
@@ -228,6 +232,18 @@ class RawH2:
         self.closed = True
         return sent
 
+    def _count_refused(self, data: bytes) -> None:
+        data = self._tail + data
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            if len(data) < 9 + length:
+                break
+            if data[3] == _RST_STREAM and length == 4 and \
+                    int.from_bytes(data[9:13], "big") == REFUSED_STREAM:
+                self.refused += 1
+            data = data[9 + length:]
+        self._tail = data
+
     def _scan_goaway(self, data: bytes) -> bytes:
         """Look through raw frames for a GOAWAY; returns an incomplete frame's bytes."""
         while len(data) >= 9:
@@ -256,6 +272,7 @@ class RawH2:
             self.closed = True
             return False
         try:
+            self._count_refused(data)
             events = self._conn.receive_data(data)
         except h2.exceptions.ProtocolError:
             self.closed = True

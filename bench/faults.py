@@ -595,15 +595,16 @@ def admission_limit(target: str) -> int:
     return min(OVERLOAD_BASE, int(settings[key]))
 
 
+ISSUE51 = {"P": http_json_numbers, "N": gzip_bombs, "J": rapid_reset, "K": continuation_flood,
+           "O": http_slow_bodies, "L": parked_calls, "M": lockout}
+ISSUE51_ORDER = "PNJKOLM"  # the order least likely to leave state behind for the next
+
+
 async def issue51_attacks(s: Server, args: argparse.Namespace) -> None:
-    """Issue 51's attacks, in the order least likely to leave state behind for the next."""
-    await http_json_numbers(s, args)
-    await gzip_bombs(s, args)
-    await rapid_reset(s, args)
-    await continuation_flood(s, args)
-    await http_slow_bodies(s, args)
-    await parked_calls(s, args)
-    await lockout(s, args)
+    """Issue 51's attacks named by ``args.attacks`` (letters, in order; a letter given again
+    runs that attack again, so ``JJJ`` shows whether what it leaves grows with each round)."""
+    for letter in args.attacks:
+        await ISSUE51[letter](s, args)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -772,6 +773,9 @@ def main() -> None:
                     help="how long each of issue 51's attacks (J-O) goes on")
     ap.add_argument("--lockout-connections", type=int, default=8300,
                     help="connections of attack M (server.max_connections is 8,192)")
+    ap.add_argument("--attacks", default=ISSUE51_ORDER, type=str.upper,
+                    help=f"which of issue 51's attacks run, in order (default {ISSUE51_ORDER}; a "
+                    "letter given twice runs twice, e.g. JJJ)")
     ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small",
                                        "trainer", "issue51"],
                     help="run only the baselines and one class: the overload (4), attack B "
@@ -779,6 +783,8 @@ def main() -> None:
                     "and then 3a-3d (memory: the large messages whose RSS stays), or the 1,024 "
                     "1-item callers (G, small)")
     args = ap.parse_args()
+    if unknown := set(args.attacks) - set(ISSUE51):
+        ap.error(f"--attacks: no attack {''.join(sorted(unknown))} (known: {ISSUE51_ORDER})")
     for k, v in (TUNED if args.tuned else DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)

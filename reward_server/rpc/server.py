@@ -186,12 +186,20 @@ def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", int(s.reuse_port)),
         # identity only unless asked: gRPC refuses a compressed request before inflating it
         ("grpc.compression_enabled_algorithms_bitset", 0b111 if s.compressed_requests else 0b1),
-        # count streams open on the wire against max_concurrent_streams, as HTTP/2 does (the
-        # client queues the rest), not streams still allocated: with grpc's default (True) a
-        # stream whose answer the client already has still counts until Python drops the call,
-        # so past the limit new streams got REFUSED_STREAM, surfacing as UNAVAILABLE (1,256 of
-        # 2,048 calls at 512 concurrent on one channel; 0 with False; grpcio 1.85.1, measured)
-        ("grpc.http.overload_protection", 0),
+        # gRPC core's stream budget per connection (its CVE-2023-44487 defence): a new stream
+        # is refused (REFUSED_STREAM) while the connection's streams still allocated pass
+        # max_concurrent_streams plus max_deallocating_streams. Streams a client reset (or
+        # whose answer it has) stay allocated until the server has taken and dropped their
+        # calls, one at a time, so the headroom bounds what one connection keeps queued for
+        # it. Without it (the budget alone) a good client's new streams were refused while
+        # Python still held answered ones: 1,352 of 2,048 calls at 512 concurrent on one
+        # channel UNAVAILABLE; with it, 0 (and 0 failed streams under 256 and 1,024 closed
+        # loops), while a rapid reset that reconnected as soon as it was closed no longer kept
+        # gRPC core's queue of calls full: 0 of a well-behaved client's calls CANCELLED (1-6
+        # per 20 s without), its peak RSS +21-32 MB instead of +95-125 (grpcio 1.85.1,
+        # bench/faults.py --only issue51 --attacks J, measured)
+        ("grpc.http.overload_protection", 1),
+        ("grpc.http2.max_deallocating_streams", s.max_concurrent_streams),
         ("grpc.server_handshake_timeout_ms", _ms(s.handshake_timeout_s)),
         ("grpc.max_concurrent_streams", s.max_concurrent_streams),
         # calls the core holds until the server takes them (one at a time); past gRPC's own

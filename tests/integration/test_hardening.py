@@ -282,6 +282,40 @@ async def test_a_burst_past_grpcs_own_pending_limit_is_answered_not_cancelled() 
             assert set(codes) <= {OK, RESOURCE_EXHAUSTED} and codes[OK] > 1000, codes
 
 
+async def test_streams_reset_before_the_server_takes_them_are_held_to_a_budget() -> None:
+    """CVE-2023-44487: gRPC core queues every stream a client resets until the server has taken
+    its call, one at a time. Its stream budget per connection (max_concurrent_streams plus as
+    many closed streams not yet let go) refuses the streams past it (REFUSED_STREAM), so one
+    connection cannot keep that queue full; a good client's 512 calls at once on one channel,
+    four times past the stream limit, are all served (the budget alone refused most of them:
+    a stream counted until the server let go of its answered call)."""
+    async with running_server() as r:
+        raw = await RawH2.open(r.port)
+        try:
+            await raw.pump(0.05)  # the server's SETTINGS, acknowledged
+            sent = await raw.rapid_reset(SCORE, 2000, batch=2000)
+            for _ in range(20):
+                if not await raw.pump(0.05):
+                    break
+        finally:
+            await raw.close()
+        refused = raw.refused
+        async with grpc.aio.insecure_channel(r.target) as ch:
+            call = ch.unary_unary(SCORE)
+            body = encoded([GOOD]).SerializeToString()
+
+            async def one() -> str:
+                try:
+                    await call(body, timeout=60)
+                    return "OK"
+                except grpc.aio.AioRpcError as e:
+                    return e.code().name
+
+            codes = collections.Counter(await asyncio.gather(*(one() for _ in range(512))))
+    assert sent == 2000 and refused > 0, (sent, refused)
+    assert codes == {"OK": 512}, codes
+
+
 async def test_connections_that_never_call_are_closed_and_free_their_slots() -> None:
     """8 connections (the cap) that send only the HTTP/2 preface and SETTINGS: closed after
     server.max_connection_idle_s, after which a new client gets health and Score."""
