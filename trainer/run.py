@@ -85,9 +85,27 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--num-generations", type=int, default=4)
     g.add_argument("--max-completion-length", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.6)
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: off)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--no-reward-prefetch", dest="reward_prefetch", action="store_false",
                    help="call the reward server after TRL's reference forward, not during it")
+    g.add_argument("--eval-steps", type=int, default=0,
+                   help="held-out reward (trl_val.parquet beside --data: users never trained on) "
+                        "before training, every N steps and at the end (0: none)")
+    g.add_argument("--eval-generations", type=int, default=8,
+                   help="completions sampled per held-out prompt (default %(default)s)")
+    g.add_argument("--no-eval-on-start", dest="eval_on_start", action="store_false",
+                   help="with --eval-steps: skip the evaluation before training (the initial policy's, "
+                        "when another run of the same seed has it)")
+    g.add_argument("--no-shared-prompt", dest="share_prompt", action="store_false",
+                   help="run each completion's prompt through the log-prob forwards again (TRL's own "
+                        "path; the default runs a group's prompt once: same log-probs, less work)")
+    g.add_argument("--profile", action="store_true",
+                   help="print where each step's time goes (generate, ref_forward, reward, backward, ...; "
+                        "always in run_log.jsonl as time/<section>)")
+    g.add_argument("--reward-transform", choices=("none", "shuffle", "negate"), default="none",
+                   help="CONTROL arms only (bench/learning.py): shuffle the step's rewards across its "
+                        "completions, or flip their sign (default none)")
     r = p.add_argument_group("reward calls (both engines; verl: reward_kwargs)")
     r.add_argument("--attempts", type=int, help="tries of a call answered UNAVAILABLE or "
                    "RESOURCE_EXHAUSTED (default 5)")
@@ -297,6 +315,11 @@ def check_trl_args(args: argparse.Namespace) -> None:
                         f"(got {args.num_generations})")
     if args.save_steps < 0:
         raise UserError(f"--save-steps must be >= 0 (got {args.save_steps})")
+    if args.eval_steps < 0 or args.top_k < 0:
+        raise UserError(f"--eval-steps and --top-k must be >= 0 (got {args.eval_steps}, {args.top_k})")
+    if args.eval_steps and args.eval_generations < 2:
+        raise UserError(f"--eval-generations must be >= 2: the held-out standard error needs two "
+                        f"completions of a prompt (got {args.eval_generations})")
 
 
 def server_token() -> str | None:
@@ -346,6 +369,10 @@ def main_trl(args: argparse.Namespace) -> int:
     if problem:
         raise UserError(problem)
     check_trl_args(args)
+    val = (data if data.is_dir() else data.parent) / "trl_val.parquet"
+    if args.eval_steps and not val.is_file():
+        raise UserError(f"--eval-steps: no held-out split {val}; prepare the data with --val-size 1 "
+                        "or more (the default), or drop --eval-steps")
     names = report_to(args.report_to)
     try:
         retry = RetryBudget(**budget_overrides(args))
@@ -366,7 +393,9 @@ def main_trl(args: argparse.Namespace) -> int:
         temperature=args.temperature, seed=args.seed, report_to=names, retry=retry,
         token=server_token(), mask_infra_failures=args.mask_infra_failures,
         resume=args.resume, probe_timeout_s=args.probe_timeout_s, provenance=provenance,
-        prefetch_reward=args.reward_prefetch,
+        prefetch_reward=args.reward_prefetch, share_prompt=args.share_prompt, profile=args.profile,
+        reward_transform=args.reward_transform, top_k=args.top_k, eval_steps=args.eval_steps,
+        eval_generations=args.eval_generations, eval_on_start=args.eval_on_start,
     ))
     if result["model"] is not None:  # on the main process
         print(f"model:      {result['model']}\nrun log:    {result['log']}\nplot:       {result['plot']}"

@@ -28,9 +28,14 @@ from reward_server.client import RetryBudget
 from reward_server.integrations.probe import PROBE_TIMEOUT_S, probe_blocking
 from reward_server.integrations.trl import RewardServerReward
 from trainer.data.prepare import check_prepared
+from trainer.heldout import heldout_trainer
+from trainer.reward_transforms import transforming_trainer
 from trainer.run_log import data_kinds, jsonl_callback, plot_rewards, plot_title
+from trainer.trl_profile import profile_line, profiling_trainer
+from trainer.trl_shared_prompt import shared_prompt_trainer
 
 logger = logging.getLogger(__name__)
+progress = logging.getLogger("trainer.progress")
 
 
 @dataclasses.dataclass
@@ -50,6 +55,7 @@ class TrlRunSettings:
     max_completion_length: int = 64
     temperature: float = 0.6
     top_p: float = 0.95
+    top_k: int = 0  # 0: off (TRL's default); the verl presets sample with top_k 20 (PARL's recipe)
     beta: float = 0.001
     seed: int = 0
     report_to: list[str] = dataclasses.field(default_factory=list)  # tensorboard, wandb, trackio
@@ -58,6 +64,12 @@ class TrlRunSettings:
     mask_infra_failures: bool = False
     gradient_checkpointing: bool = False  # trades compute for memory; off for small models
     prefetch_reward: bool = True  # start the Score call right after generation (same rewards)
+    share_prompt: bool = True  # a group's prompt run once in the log-prob forwards (same log-probs)
+    profile: bool = False  # print each step's time per section (always in run_log.jsonl: time/*)
+    reward_transform: str = "none"  # none | shuffle | negate: control arms (trainer.reward_transforms)
+    eval_steps: int = 0  # >0: held-out evaluation (trl_val.parquet) before training, every N steps, at the end
+    eval_generations: int = 8  # completions sampled per held-out prompt
+    eval_on_start: bool = True  # the held-out reward before the first step too (of the initial policy)
     resume: bool = False
     probe_timeout_s: float = PROBE_TIMEOUT_S  # the start-up Info call's own deadline
     provenance: dict[str, Any] | None = None  # the server's Info, when the caller probed already
@@ -74,13 +86,19 @@ def pick_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_trl_dataset(path: Path) -> Any:
+def val_path(data: Path) -> Path:
+    """The held-out split beside a prepared TRL training set (``--data`` folder or file)."""
+    data = Path(data)
+    return (data if data.is_dir() else data.parent) / "trl_val.parquet"
+
+
+def load_trl_dataset(path: Path, name: str = "trl_train.parquet") -> Any:
     """``trl_train.parquet`` written by ``trainer.data.prepare`` (or a folder holding it)."""
     from datasets import Dataset
 
     path = Path(path)
     if path.is_dir():
-        path = path / "trl_train.parquet"
+        path = path / name
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no TRL data; run `python -m trainer.data.prepare`")
     check_prepared(path)  # rows of an older format: refused here, before the model loads
@@ -99,12 +117,16 @@ def grpo_config(s: TrlRunSettings, device: str) -> Any:
         output_dir=str(s.output_dir), max_steps=s.max_steps, learning_rate=s.learning_rate,
         per_device_train_batch_size=s.prompts_per_step * s.num_generations,
         num_generations=s.num_generations, max_completion_length=s.max_completion_length,
-        temperature=s.temperature, top_p=s.top_p, beta=s.beta, seed=s.seed,
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, beta=s.beta, seed=s.seed,
         use_cpu=device == "cpu", bf16=bf16, logging_steps=1, report_to=s.report_to or "none",
         save_strategy="steps" if s.save_steps > 0 else "no", save_steps=max(s.save_steps, 1),
         dataloader_num_workers=0, disable_tqdm=True,  # one line per step instead (run_log.step_line)
         # TRL turns this on by default; for a 135M model on CPU it only re-runs forwards
         gradient_checkpointing=s.gradient_checkpointing,
+        # held-out evaluation (trainer.heldout): every eval_steps, and before the first step
+        **({"eval_strategy": "steps", "eval_steps": s.eval_steps, "eval_on_start": s.eval_on_start,
+            "num_generations_eval": s.eval_generations, "per_device_eval_batch_size": s.eval_generations}
+           if s.eval_steps > 0 else {}),
     )
 
 
@@ -167,11 +189,47 @@ def prefetching_trainer() -> type[Any]:
     return PrefetchingGRPOTrainer
 
 
+def heldout_line(step: int, logs: dict[str, Any]) -> str | None:
+    """``held-out reward at step N: 0.512 ± 0.011 (3 prompts x 16)`` for an evaluation's row."""
+    mean, se = logs.get("eval_heldout_mean"), logs.get("eval_heldout_se")
+    if not isinstance(mean, int | float) or not isinstance(se, int | float):
+        return None
+    prompts, samples = int(logs.get("eval_heldout_prompts", 0)), int(logs.get("eval_heldout_samples", 0))
+    return (f"held-out reward at step {step}: {mean:.4f} ± {se:.4f} (standard error; {prompts} prompts, "
+            f"{samples} completions)")
+
+
+def progress_callback(profile: bool) -> Any:
+    """A TrainerCallback printing each evaluation's held-out reward and, with ``profile``, each
+    step's time per section (:func:`profile_line`)."""
+    from transformers import TrainerCallback
+
+    class ProgressLines(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if not state.is_world_process_zero:
+                return
+            logs = logs or {}
+            lines = [heldout_line(state.global_step, logs)]
+            if profile:
+                lines.append(profile_line(state.global_step, logs))
+            for line in lines:
+                if line:
+                    progress.info(line)
+
+    return ProgressLines()
+
+
 def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
     """The GRPOTrainer of a run (and its reward), without training."""
     from trl import GRPOTrainer
 
     trainer_class = prefetching_trainer() if s.prefetch_reward else GRPOTrainer
+    if s.share_prompt:
+        trainer_class = shared_prompt_trainer(trainer_class)
+    trainer_class = transforming_trainer(trainer_class, s.reward_transform)
+    if s.eval_steps > 0:
+        trainer_class = heldout_trainer(trainer_class, out_dir=Path(s.output_dir))
+    trainer_class = profiling_trainer(trainer_class)
     device = pick_device(s.device)
     model = s.model
     if model is None:
@@ -184,12 +242,15 @@ def build_trainer(s: TrlRunSettings) -> tuple[Any, RewardServerReward]:
     log_path = Path(s.output_dir) / "run_log.jsonl"
     trainer = trainer_class(model=model, reward_funcs=[reward], args=grpo_config(s, device),
                           train_dataset=load_trl_dataset(s.data),
-                          callbacks=[jsonl_callback(log_path, s.max_steps)])
+                          eval_dataset=load_trl_dataset(val_path(s.data)) if s.eval_steps > 0 else None,
+                          callbacks=[jsonl_callback(log_path, s.max_steps), progress_callback(s.profile)])
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # our step line instead of a dict per log
-    logger.info("TRL GRPO on %s (%s), %d processes, reward prefetch %s", device, model,
-                trainer.accelerator.num_processes, "on" if s.prefetch_reward else "off")
+    logger.info("TRL GRPO on %s (%s), %d processes, reward prefetch %s%s", device, model,
+                trainer.accelerator.num_processes, "on" if s.prefetch_reward else "off",
+                "" if s.reward_transform == "none" else
+                f", rewards {s.reward_transform}d (a CONTROL arm: trainer.reward_transforms)")
     return trainer, reward
 
 
@@ -209,6 +270,8 @@ def run_trl(s: TrlRunSettings) -> dict[str, Any]:
     resume = s.resume and any(out.glob("checkpoint-*"))
     try:
         trainer.train(resume_from_checkpoint=True if resume else None)
+        if s.eval_steps > 0 and trainer.state.global_step % s.eval_steps:
+            trainer.evaluate()  # the held-out reward after the last step too
         model_dir = out / "model"
         trainer.save_model(str(model_dir))  # every process: ZeRO-3 gathers, the main one writes
     finally:

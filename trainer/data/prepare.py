@@ -102,11 +102,11 @@ def attach(
     return out
 
 
-def sample_groups(*, history_limit: int = 10) -> list[list[UserRecord]]:
+def sample_groups(*, history_limit: int = 10, rules: Path | None = None) -> list[list[UserRecord]]:
     """The shipped sample's users, one list per source, with baselines, rules and constraints
-    attached."""
+    attached; ``rules`` (JSONL ``{user_id, rules}``) replaces the sample's own rubrics."""
     return [attach(LOADERS[fmt](SAMPLE_DIR / name, history_limit=history_limit),
-                   baselines=SAMPLE_DIR / "baselines.jsonl", rules=SAMPLE_DIR / "rules.jsonl",
+                   baselines=SAMPLE_DIR / "baselines.jsonl", rules=rules or SAMPLE_DIR / "rules.jsonl",
                    constraints=SAMPLE_DIR / "constraints.jsonl")
             for fmt, name in SAMPLE_SOURCES.items()]
 
@@ -232,7 +232,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", action="append", default=[],
                    help="FORMAT=PATH, FORMAT in amazon|news|reddit (news=Q.json:OUT.json)")
     p.add_argument("--baselines", type=Path, help="JSONL {user_id, method, output}")
-    p.add_argument("--rules", type=Path, help="JSONL {user_id, rules}")
+    p.add_argument("--rules", type=Path, help="JSONL {user_id, rules} (with --sample: instead of the "
+                   "sample's own rubrics)")
     p.add_argument("--constraints", type=Path, help="JSONL {user_id, answer, preference}")
     p.add_argument("--variant", choices=[v.value for v in ParlVariant], default="A")
     p.add_argument("--reward-kind", choices=[k.value for k in PERSONALIZED_KINDS],
@@ -259,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         groups: list[list[UserRecord]] = []
         if args.sample:
-            groups += sample_groups(history_limit=args.history_limit)
+            groups += sample_groups(history_limit=args.history_limit, rules=args.rules)
         for spec in args.source:
             groups.append(attach(load_source(spec, history_limit=args.history_limit,
                                              amazon_context_labels=args.amazon_context_labels),
