@@ -200,11 +200,15 @@ def external_modules() -> str:
 
 
 def configure_run(config: Any, run_dir: Path) -> None:
-    """Checkpoints, run log (verl's file logger) and TensorBoard events under ``run_dir``."""
+    """Checkpoints, run log (verl's file logger), TensorBoard events and the validations'
+    completions (``heldout/<step>.jsonl``, unless ``trainer.validation_data_dir`` is set; read
+    by ``python -m trainer.heldout``) under ``run_dir``."""
     from omegaconf import open_dict
 
     with open_dict(config):
         config.trainer.default_local_dir = str(run_dir / "checkpoints")
+        if not config.trainer.get("validation_data_dir"):
+            config.trainer.validation_data_dir = str(run_dir / "heldout")
         loggers = list(config.trainer.logger)
         if "file" not in loggers:
             loggers.append("file")

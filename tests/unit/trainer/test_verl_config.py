@@ -67,7 +67,8 @@ def test_a_misspelt_overlay_key_passes_verl_but_not_our_check(tmp_path) -> None:
     shutil.copytree(verl_runner.CONFIG_DIR, conf)
     text = (conf / "paper_grpo.yaml").read_text()
     assert "    temperature: 0.6" in text
-    (conf / "paper_grpo.yaml").write_text(text.replace("    temperature: 0.6", "    temprature: 0.6"))
+    # the rollout's own (the first; val_kwargs has one too)
+    (conf / "paper_grpo.yaml").write_text(text.replace("    temperature: 0.6", "    temprature: 0.6", 1))
     config = verl_runner.compose("rubric_generator", config_dir=conf)
     verl_runner.validate(config)  # verl's own validation does not see it
     assert verl_runner.unknown_overlay_keys("rubric_generator", conf) == [
