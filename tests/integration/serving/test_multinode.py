@@ -44,7 +44,7 @@ from reward_server.client import AsyncRewardClient, RetryBudget, RewardCallError
 from reward_server.serving import RayEngines
 from trainer.ray_head import LocalRayWorker, free_ports
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]  # a second Ray node
 
 REPO = Path(__file__).resolve().parents[3]
 PREFIX = "t-mn"

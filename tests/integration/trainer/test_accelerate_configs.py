@@ -30,6 +30,7 @@ def test_the_config_loads_with_accelerates_own_classes(stage: int) -> None:
     assert config.mixed_precision == "bf16" and config.use_cpu is False
 
 
+@pytest.mark.e2e  # accelerate launch: DeepSpeed, TRL and SmolLM2 in a process of their own
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("stage", [2, 3])

@@ -29,7 +29,7 @@ pytest.importorskip("verl", reason="verl is the train extra: pip install -e .[tr
 from reward_server.integrations import verl as rv
 from trainer.data.prepare import build_rows, sample_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]  # verl's run_ppo: a Ray of its own
 PROBE = Path(__file__).with_name("verl_taskrunner_probe.py")
 RULES = ('[{"rule": "The review opens with the word \\"Honestly\\"."}, '
          '{"rule": "The review mentions \\"my kids\\" using the product."}]')

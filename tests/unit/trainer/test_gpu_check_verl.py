@@ -36,6 +36,7 @@ def test_overrides_follow_the_gpu_count(gpu_check: ModuleType) -> None:
                                            "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
 
 
+@pytest.mark.e2e  # the GPU kit's step, as the kit runs it (a subprocess per preset)
 @pytest.mark.parametrize(("n_gpus", "ok"), [(1, True), (3, False)])
 def test_both_presets_are_checked_for_the_gpus_found(gpu_check: ModuleType, n_gpus: int, ok: bool) -> None:
     res = gpu_check.verl_config_check(n_gpus, timeout_s=300)

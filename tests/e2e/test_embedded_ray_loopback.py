@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-REPO = Path(__file__).resolve().parents[3]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]  # a Ray head of its own
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_embedded_ray_listens_on_loopback_only(tmp_path, listeners_of, loopback) -> None:  # type: ignore[no-untyped-def]
