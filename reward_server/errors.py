@@ -49,6 +49,10 @@ class DeadlineExceeded(RewardServerError):
     """The caller's deadline passed before the work finished."""
 
 
+class ClientGone(RewardServerError):
+    """The client closed its connection before its request arrived: nobody is left to answer."""
+
+
 class ModelLoadError(RewardServerError):
     """A model could not be loaded or is unusable (e.g. NLI labels without names)."""
 

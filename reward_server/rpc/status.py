@@ -27,6 +27,7 @@ STATUS_TABLE: dict[type[BaseException], grpc.StatusCode] = {
     ConnectionError: grpc.StatusCode.UNAVAILABLE,
     errors.EngineError: grpc.StatusCode.INTERNAL,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.ClientGone: grpc.StatusCode.CANCELLED,
     asyncio.TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 # The HTTP status of each code, as Google APIs and grpc-gateway map them (google.rpc.Code).

@@ -173,3 +173,30 @@ async def test_a_body_that_stalls_is_answered_and_its_connection_closed() -> Non
     assert head.startswith(b"http/1.1 504") and b"connection: close" in head, answer[:300]
     assert b"server.receive_timeout_s=0.5" in answer
     assert 0.4 < took < 3.0
+
+
+async def test_a_client_that_leaves_mid_body_is_cancelled_not_an_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A client that closes its connection halfway through its body: the call ends CANCELLED
+    (as a gRPC call its client reset), with no error and no traceback in the log (1,024 slow
+    bodies dropped at once were logged as 1,024 unexpected errors, tracebacks included)."""
+    from reward_server.metrics import RPC_CALLS
+
+    def cancelled() -> float:
+        return RPC_CALLS.labels("Score", "CANCELLED", "http")._value.get()  # type: ignore[no-any-return]
+
+    async with running_server(["server.http.port=0"]) as r:
+        before = cancelled()
+        caplog.set_level("INFO")
+        _, writer = await asyncio.open_connection("127.0.0.1", r.app.http_port)
+        writer.write(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        for _ in range(100):
+            if cancelled() > before:
+                break
+            await asyncio.sleep(0.02)
+        assert cancelled() == before + 1
+    assert not [rec for rec in caplog.records if rec.levelname == "ERROR" or rec.exc_info]
