@@ -50,6 +50,7 @@ from _attacks import (
     parked_calls,
     rapid_reset,
     trainer_load,
+    warm_up,
 )
 from _faultkit import (
     AUTH,
@@ -603,6 +604,8 @@ ISSUE51_ORDER = "PNJKOLM"  # the order least likely to leave state behind for th
 async def issue51_attacks(s: Server, args: argparse.Namespace) -> None:
     """Issue 51's attacks named by ``args.attacks`` (letters, in order; a letter given again
     runs that attack again, so ``JJJ`` shows whether what it leaves grows with each round)."""
+    if args.warm:
+        await warm_up(s, args.warm)
     for letter in args.attacks:
         await ISSUE51[letter](s, args)
 
@@ -773,6 +776,10 @@ def main() -> None:
                     help="how long each of issue 51's attacks (J-O) goes on")
     ap.add_argument("--lockout-connections", type=int, default=8300,
                     help="connections of attack M (server.max_connections is 8,192)")
+    ap.add_argument("--warm", type=float, default=0.0, metavar="SECONDS",
+                    help="before issue 51's attacks, a trainer's load (1,024 closed loops of "
+                    "1-item calls) on each door for this long, so that each attack's RSS "
+                    "before is a server that served its usual peak (default 0: none)")
     ap.add_argument("--attacks", default=ISSUE51_ORDER, type=str.upper,
                     help=f"which of issue 51's attacks run, in order (default {ISSUE51_ORDER}; a "
                     "letter given twice runs twice, e.g. JJJ)")
