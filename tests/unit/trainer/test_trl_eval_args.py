@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from trainer import run  # noqa: E402
-from trainer.data import prepare  # noqa: E402
+from trainer import run
+from trainer.data import prepare
 
 
 @pytest.fixture(scope="module")
