@@ -111,7 +111,8 @@ BOUNDARY_RULES = (
 
 class DirectLogits:
     """SmolLM2's next-token logits after a whole rendered prompt, with transformers' own full
-    forward (no prefix cache, none of the engine's code), and the two read-outs from them."""
+    forward (no prefix cache, none of the engine's code), and the two read-outs from them. Each
+    prompt's forward runs once per session (both read-outs and every test read the same)."""
 
     def __init__(self) -> None:
         import torch
@@ -121,12 +122,18 @@ class DirectLogits:
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self._log_probs: dict[JudgePrompt, Any] = {}
 
     def one(self, word: str) -> int:
         (i,) = self.tok.encode(word, add_special_tokens=False)
         return int(i)
 
     def log_probs(self, prompt: JudgePrompt) -> Any:
+        if prompt not in self._log_probs:
+            self._log_probs[prompt] = self._forward(prompt)
+        return self._log_probs[prompt]
+
+    def _forward(self, prompt: JudgePrompt) -> Any:
         messages = [{"role": "system", "content": prompt.system},
                     {"role": "user", "content": prompt.prefix + prompt.suffix}]
         text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)

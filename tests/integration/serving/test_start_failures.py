@@ -42,6 +42,7 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.e2e  # serve on a new machine: an embedded Ray head of its own
 def test_a_model_that_cannot_load_ends_serve_with_one_line_naming_it(tmp_path: Path) -> None:
     proc, took = serve("-c", "deploy/cpu_local.yaml", "--set", "engines.judge.model=no-such-model",
                        home=tmp_path)
@@ -56,6 +57,7 @@ def test_a_model_that_cannot_load_ends_serve_with_one_line_naming_it(tmp_path: P
     assert took < 120, took  # a bound, not a benchmark: Serve's own retries took 2 min 40 s
 
 
+@pytest.mark.e2e  # serve on a new machine: an embedded Ray head of its own
 def test_a_replica_no_node_can_hold_ends_serve_at_once(tmp_path: Path) -> None:
     proc, _ = serve("--fake", "--ray", "--set", "serving.ray.local_num_gpus=0",
                     "--set", "serving.ray.judge.num_gpus=1", home=tmp_path)
