@@ -49,7 +49,7 @@ from typing import Any
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback Ray, as `serve` sets it
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stats import MachineCpu, ProcessTree, Trials, machine_line, rounds
+from _stats import MachineCpu, ProcessTree, Spread, Trials, machine_line, rounds
 from _workload import REAL_LABEL, engines_override, make_items, pct
 
 from reward_server import domain as d
@@ -277,6 +277,8 @@ def variants_of(args: argparse.Namespace, engine_set: str) -> tuple[dict[str, Ho
         hostings["ray"] = Hosting(ENGINES_LAYOUT)
         variants += [Variant(f"Ray engines layout, micro-batching {m}", "ray", m) for m in modes]
         extra: list[tuple[str, str, list[str]]] = []
+        if engine_set == "real" and not args.real_extras:
+            return hostings, variants
         if args.actor:
             extra.append(("actor", "Ray engines layout, transport actor",
                           [*ENGINES_LAYOUT, "serving.ray.transport=actor"]))
@@ -347,12 +349,19 @@ def report(engine_set: str, variants: list[Variant], t: Trials, args: argparse.N
              (ray_on, ray_off, "Ray, engines layout: with / without micro-batching")]
     pairs += [(v.label, local_on, f"{v.label} / in process, both with micro-batching")
               for v in variants if v.hosting != "local" and v.mode == "on"]
+    cores = os.cpu_count() or 1
     for a, b, what in pairs:
         if a in t.rows and b in t.rows:
             r = t.ratio(a, b, "items_s")
             cpu = t.ratio(a, b, "total_ms")
             print(f"{what}: items/s x{r.fmt(2)}; all processes' CPU per item x{cpu.fmt(2)} "
                   f"({r.n} rounds)", flush=True)
+            if b == local_on and a != local_on:
+                # the most the machine's cores carry at a's CPU per item, over b's measured rate
+                ceiling = [cores * 1000 / ra["total_ms"] / rb["items_s"]
+                           for k, ra in t.rows[a].items() for k2, rb in t.rows[b].items() if k == k2]
+                print(f"  ceiling: {cores} cores at {a}'s CPU per item (all processes) carry at most "
+                      f"x{Spread.of(ceiling).fmt(2)} of in process's items/s", flush=True)
 
 
 async def main() -> None:
@@ -365,9 +374,9 @@ async def main() -> None:
                     "(the slow rows: a round of 256 x 8 takes a few seconds)")
     ap.add_argument("--min-s", type=float, default=4.0, help="each row repeats rounds of fresh items "
                     "until this many seconds have passed")
-    ap.add_argument("--real-callers", type=int, default=64, help="callers with the real engines")
-    ap.add_argument("--real-calls", type=int, default=2, help="calls per caller in a round, real engines")
-    ap.add_argument("--real-min-s", type=float, default=8.0, help="seconds per row, real engines")
+    ap.add_argument("--real-callers", type=int, default=32, help="callers with the real engines")
+    ap.add_argument("--real-calls", type=int, default=1, help="calls per caller in a round, real engines")
+    ap.add_argument("--real-min-s", type=float, default=6.0, help="seconds per row, real engines")
     ap.add_argument("--window-ms", type=float, default=1000 * CoalesceSettings.window_s)
     ap.add_argument("--max-items", type=int, default=CoalesceSettings.max_items)
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve hosting")
@@ -379,6 +388,8 @@ async def main() -> None:
     ap.add_argument("--proto", action="append", default=[], choices=sorted(PROTOTYPES),
                     help="add a prototype of the default layout's hop (repeatable): " + "; ".join(
                         f"{k}: {v[0]}" for k, v in PROTOTYPES.items()))
+    ap.add_argument("--real-extras", action="store_true", help="run --actor, --service and --proto "
+                    "on the real engines too (default: on the fake ones only, where the hop is visible)")
     ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"],
                     help="micro-batching rows of the in-process and default Ray hostings")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
