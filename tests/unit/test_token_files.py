@@ -97,13 +97,15 @@ def test_verl_reads_the_file_of_its_token_env(tmp_path: Path, monkeypatch: pytes
     assert _address_and_token(config) == ("h:1", TOKEN)
 
 
-def test_the_cli_reads_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_cli_reads_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a running loop, as the CLI makes its client (an aio channel needs one; a sync test
+    failed in the full suite once an earlier test had left the main thread with no loop)."""
     from reward_server.cli import _client
 
     monkeypatch.delenv("REWARD_SERVER_TOKEN", raising=False)
     monkeypatch.setenv(TOKEN_FILE_ENV, str(token_file(tmp_path)))
-    client = _client(argparse.Namespace(token=None, target="127.0.0.1:1", timeout=1.0))
-    assert dict(client._metadata)["authorization"] == f"Bearer {TOKEN}"
+    async with _client(argparse.Namespace(token=None, target="127.0.0.1:1", timeout=1.0)) as c:
+        assert dict(c._metadata)["authorization"] == f"Bearer {TOKEN}"
 
 
 # ---------------------------------------------------------------- 0600
