@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,15 +170,19 @@ def test_every_mistake_is_one_line_and_exit_2_and_leaves_no_run_folder(
     work: Path, server: str,
 ) -> None:
     (work / "runs" / "r1").mkdir(parents=True, exist_ok=True)  # an existing run
+    made = mistakes(work, server)
+    # four at a time (each is a Python start-up, some a 1-2 s probe): a run folder any of them
+    # left behind is still there when all have ended
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda m: run(m.argv, timeout=180, **dict(m.env))[0], made))
     seen = []
-    for m in mistakes(work, server):
-        proc, _ = run(m.argv, timeout=180, **dict(m.env))
+    for m, proc in zip(made, procs, strict=True):
         assert_one_line(proc, m.says)
-        if m.output_dir == "runs":  # only the existing run, nothing new
-            assert sorted(p.name for p in (work / "runs").iterdir()) == ["r1"], m.name
-        else:
+        if m.output_dir != "runs":
             assert not (work / m.output_dir).exists(), m.name
         seen.append(f"{m.name}: {proc.stderr.strip()}")
+    # only the existing run, nothing new
+    assert sorted(p.name for p in (work / "runs").iterdir()) == ["r1"]
     assert len(seen) >= 10
     print("\n".join(seen))  # the messages, for the record (pytest -s)
 
