@@ -12,6 +12,7 @@ through ``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime env (every verl process
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -69,6 +70,21 @@ def _paths(node: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
             yield path
 
 
+@functools.cache
+def _verl_ppo_trainer() -> Any:
+    """verl's own ``ppo_trainer`` config as plain containers (read only): installed files, so
+    composed once per process (a Hydra compose parses ~30 YAML files: ~1 s on this CPU, and each
+    ``problems`` call needs it)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return OmegaConf.to_container(hydra_compose(config_name="ppo_trainer"), resolve=False)
+
+
 def unknown_overlay_keys(preset: str, config_dir: Path = CONFIG_DIR) -> list[str]:
     """Keys our overlay files set that verl's ``ppo_trainer`` config does not have.
 
@@ -77,14 +93,9 @@ def unknown_overlay_keys(preset: str, config_dir: Path = CONFIG_DIR) -> list[str
     mapping verl leaves empty (``sampler_kwargs: {}``) and below :data:`FREE_FORM` are free-form.
     """
     import yaml
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        base = OmegaConf.to_container(hydra_compose(config_name="ppo_trainer"), resolve=False)
+    base = _verl_ppo_trainer()
     bad = []
     for path in overlay_files(preset, config_dir):
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
