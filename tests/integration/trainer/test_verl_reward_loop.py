@@ -37,12 +37,12 @@ def tokenizer_path(smollm2_path) -> str:  # type: ignore[no-untyped-def]
     return str(smollm2_path)
 
 
-def manager(tokenizer_path: str, target: str, *extra: str) -> Any:
+def manager(tokenizer_path: str, target: str, *extra: str, workers: int = 2) -> Any:
     from verl.experimental.reward_loop import RewardLoopManager
 
     config = verl_runner.compose("rubric_generator", [
         f"actor_rollout_ref.model.path={tokenizer_path}",
-        "reward.num_workers=2",
+        f"reward.num_workers={workers}",
         f"reward.custom_reward_function.reward_kwargs.reward_server={target}",
         "reward.custom_reward_function.reward_kwargs.attempts=1",
         "reward.custom_reward_function.reward_kwargs.deadline_s=3",
@@ -147,8 +147,11 @@ def test_reward_loop_manager_scores_like_direct_calls_and_raises_on_infra_failur
 def test_reward_loop_manager_masks_infra_failures_on_request(ray_session, tokenizer_path) -> None:
     rows = build_rows(sample_records()[:2], "rubric_generator")
     data, _ = batch(tokenizer_path, rows, [GOOD, GOOD])
+    # one worker: masking happens in each worker's compute_score (the test above shows two
+    # workers scoring one batch); a second worker process (verl, torch) costs seconds here
     mgr = manager(tokenizer_path, "127.0.0.1:1",
-                  "reward.custom_reward_function.reward_kwargs.mask_infra_failures=true")
+                  "reward.custom_reward_function.reward_kwargs.mask_infra_failures=true",
+                  workers=1)
     try:
         out = mgr.compute_rm_score(data)
     finally:
