@@ -22,9 +22,11 @@ import pytest
 from reward_server import domain as d
 from reward_server.client import AsyncRewardClient
 
-pytestmark = pytest.mark.slow
+# e2e: each test starts `reward-server serve` (or start_app) as a process of its own that
+# joins the session's Ray and deploys its own Serve applications (~10-20 s each here)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PREFIX = "t-cli"
 
 
