@@ -66,6 +66,11 @@ class DeploymentSettings(BaseModel):
     graceful_shutdown_timeout_s: float = Field(
         20.0, ge=0.0, description="How long a stopping replica may finish in-flight batches."
     )
+    graceful_shutdown_wait_loop_s: float = Field(
+        2.0, gt=0.0, description="How often a stopping replica looks whether its calls in flight "
+        "have ended (Serve's default): even an idle replica takes this long to stop, so each "
+        "scale-down and each application deletion waits for it."
+    )
     env_vars: dict[str, str] = Field(
         default_factory=dict, description="Environment variables of this deployment's replicas "
         "(Ray runtime_env env_vars), e.g. HF_HUB_OFFLINE: '1' on a machine without internet: "
@@ -118,6 +123,7 @@ class DeploymentSettings(BaseModel):
             "health_check_period_s": self.health_check_period_s,
             "health_check_timeout_s": self.health_check_timeout_s,
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "graceful_shutdown_wait_loop_s": self.graceful_shutdown_wait_loop_s,
         }
         if max_items is not None:
             options["user_config"] = self.user_config(max_items=max_items)

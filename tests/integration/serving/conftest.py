@@ -18,7 +18,8 @@ from reward_server.serving import Engines, start_engines
 
 
 def serving_config(prefix: str, overrides: Sequence[str] = ()) -> RewardServerConfig:
-    """ray mode, fake engines, replicas that take no CPU (2-core CI), short autoscaling delays."""
+    """ray mode, fake engines, replicas that take no CPU (2-core CI), short autoscaling delays
+    and stops."""
     base = [
         "engines={judge: {kind: fake}, nli: {kind: fake}}",
         "serving.mode=ray",
@@ -33,6 +34,9 @@ def serving_config(prefix: str, overrides: Sequence[str] = ()) -> RewardServerCo
             f"serving.ray.{kind}.downscale_delay_s=2",
             f"serving.ray.{kind}.look_back_period_s=1",
             f"serving.ray.{kind}.health_check_period_s=2",
+            # a replica's stop (deletions at each fixture's end, scale-downs) looks for calls
+            # in flight every 0.1 s, not Serve's 2 s
+            f"serving.ray.{kind}.graceful_shutdown_wait_loop_s=0.1",
         ]
     return load_config(overrides=[*base, *overrides], env={})
 

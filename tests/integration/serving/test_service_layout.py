@@ -27,6 +27,7 @@ def _config(prefix: str, overrides: list[str]) -> Any:
     return load_config(overrides=[
         FAKE, "serving.mode=ray", "serving.ray.layout=service", f"serving.ray.app_prefix={prefix}",
         "serving.ray.service.num_cpus=0", "serving.ray.service.health_check_period_s=2",
+        "serving.ray.service.graceful_shutdown_wait_loop_s=0.1",  # stops: not Serve's 2 s
         "serving.ray.ready_timeout_s=120", "server.port=0", "server.drain_delay_s=0",
         "server.health_poll_s=0.1", *overrides], env={})
 
