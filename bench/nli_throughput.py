@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         p = fns[label](chunk)
         trials.add(label, r, {"pairs_s": len(chunk) / (time.perf_counter() - t)})
         trials.rows[label][r]["p"] = p
+        # each round's rate as it comes, so a run cut short by a timeout still shows its rounds
+        print(f"  round {r + 1} {label}: {trials.rows[label][r]['pairs_s']:.2f} pairs/s", file=sys.stderr,
+              flush=True)
     for label in fns:  # P(entailment) in the pairs' order
         probs[label] = [x for r in sorted(trials.rows[label]) for x in trials.rows[label][r]["p"]]
     ref = np.array(probs[methods[0][0]])
