@@ -1,14 +1,15 @@
 """Does a policy trained through ``trainer/run.py`` against the reward server get better?
 
-    flock /tmp/cpu-heavy.lock .venv/bin/python bench/learning.py [--steps 30] [--out runs/learning]
+    flock /tmp/cpu-heavy.lock .venv/bin/python bench/learning.py [--steps 24] [--out runs/learning]
 
 SmolLM2-135M-Instruct, TRL engine on CPU, trained through ``trainer/run.py`` against a real
 reward server (the SmolLM2 transformers judge, in-process, started here unless
 ``--reward-server`` names one) on the shipped sample's personalized-generator task (``make
-demo``'s data: each user's own rubric, reward = mean p_yes over its rules), and evaluated on the
-HELD-OUT users (``trl_val.parquet``: one user per source, never trained on) before training,
-every ``--eval-every`` steps and after: ``--eval-generations`` completions per prompt, sampled
-as in training, scored by the same server. Three arms, run one after the other, same seed:
+demo``'s data, ``--history-limit`` past texts a prompt; every user's rubric replaced by the one
+``--rule``, reward = its p_yes), and evaluated on the HELD-OUT users (``trl_val.parquet``: one
+user per source, never trained on) before training, every ``--eval-every`` steps (default: only
+before and after) and after: ``--eval-generations`` completions per prompt, sampled as in
+training, scored by the same server. Three arms, run one after the other, same seed:
 
 * ``trained``:  the rewards as the server gives them;
 * ``shuffled``: each step's rewards permuted across its completions (``--reward-transform
@@ -86,7 +87,7 @@ def train_arm(args: argparse.Namespace, *, arm: str, data: Path, target: str, ou
            "--num-generations", str(args.num_generations),
            "--max-completion-length", str(args.max_completion_length),
            "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
-           "--top-k", str(args.top_k), "--eval-steps", str(args.eval_every),
+           "--top-k", str(args.top_k), "--eval-steps", str(args.eval_every or args.steps),
            "--eval-generations", str(args.eval_generations), "--reward-transform", ARMS[arm], "--profile"]
     if not eval_on_start:
         cmd.append("--no-eval-on-start")
@@ -177,11 +178,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--reward-server", help="HOST:PORT of a running server (default: start one here)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma list of %(default)s")
     ap.add_argument("--rule", default=RULE, help="every user's one rubric rule (default %(default)r)")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every N steps")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="held-out evaluation every N steps (default 0: before the first step and after the last)")
     ap.add_argument("--eval-generations", type=int, default=32, help="completions per held-out prompt")
-    ap.add_argument("--prompts-per-step", type=int, default=2)
-    ap.add_argument("--num-generations", type=int, default=4)
+    # one prompt of 8: its tokens are computed once in the log-prob forwards (the shared-prompt
+    # path), and a group of 8 ranks its completions better than two of 4 at the same cost
+    ap.add_argument("--prompts-per-step", type=int, default=1)
+    ap.add_argument("--num-generations", type=int, default=8)
+    # the prompt's tokens dominate a CPU step: one example of the user's past reviews, not two
+    ap.add_argument("--history-limit", type=int, default=1, help="past texts per prompt (default %(default)s)")
     ap.add_argument("--max-completion-length", type=int, default=48)
     ap.add_argument("--learning-rate", type=float, default=1e-4)
     # the verl presets' sampling (paper_grpo.yaml: temperature 0.6, top_p 0.95, top_k 20)
@@ -208,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              if x.strip()]
     rules.write_text("".join(json.dumps({"user_id": u, "rules": [args.rule]}) + "\n" for u in users))
     subprocess.run([PY, "-m", "trainer.data.prepare", "--sample", "--task", "personalized_generator",
-                    "--reward-kind", "rubric_score", "--history-limit", "2", "--rules", str(rules),
+                    "--reward-kind", "rubric_score", "--history-limit", str(args.history_limit), "--rules", str(rules),
                     "--out", str(data)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server, target = (None, args.reward_server) if args.reward_server else start_server(out / "server.log")
     print(f"reward server {target}; runs in {out}", flush=True)
