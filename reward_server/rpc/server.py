@@ -205,7 +205,7 @@ def channel_options(s: ServerSettings) -> list[tuple[str, int]]:
         # calls the core holds until the server takes them (one at a time); past gRPC's own
         # limits (1,000 soft, 3,000 hard) it cancelled them: 123-168 of 2,048 and 1,232-1,348
         # of 4,096 1-item calls sent at once on 16 / 32 connections ended CANCELLED (grpcio
-        # 1.85.1, measured; docs/performance.md)
+        # 1.85.1, measured; docs/performance-log.md)
         ("grpc.server.max_pending_requests", s.max_pending_calls),
         ("grpc.server.max_pending_requests_hard_limit", s.max_pending_calls),
         ("grpc.keepalive_time_ms", _ms(s.keepalive_time_s)),

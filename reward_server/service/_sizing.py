@@ -66,7 +66,7 @@ def mix_floor(batches: tuple[int, int], used: tuple[bool, bool], most: int) -> i
     calls: half and half) get both batches; calls that use one, that one's batch. Counted as
     both batches whatever the mix, calls of judge prompts only were let in two judge batches
     deep (bench/faults.py's overload, 128-prompt calls: 4 at the floor of 512, admitted p99 3-6x
-    the unloaded one; docs/performance.md)."""
+    the unloaded one; docs/performance-log.md)."""
     return max(1, min(most, sum(b for b, u in zip(batches, used, strict=True) if u)))
 
 

@@ -216,7 +216,7 @@ class HandleCaller:
         ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` mode does for its own proxies) routes on the caller's
         loop. Measured with ``python bench/microbatch.py`` on 2 CPUs: verl's pattern,
         micro-batched, on Ray about 8 % more items/s (four interleaved runs,
-        docs/performance.md). Such a router belongs to one loop, so there is one per loop (an
+        docs/performance-log.md). Such a router belongs to one loop, so there is one per loop (an
         ingress has one). The ``handle`` given at construction keeps the router thread
         for the blocking calls of start-up and status.
         """
