@@ -50,7 +50,9 @@ def test_a_model_that_cannot_load_ends_serve_with_one_line_naming_it(tmp_path: P
     line = one_error_line(proc.stderr)
     assert "Serve deployment reward-judge/JudgeDeployment (model no-such-model) could not start a "\
            "replica" in line, line
-    assert re.search(r"ModelLoadError: could not load judge model 'no-such-model'", line), line
+    # the model, the setting that named it and the fix (a local folder, or the hub's cache offline)
+    assert re.search(r"ModelLoadError: cannot load 'no-such-model' \(engines\.judge\.model\): .*"
+                     r"Fix: set engines\.judge\.model to a local model folder", line), line
     assert re.search(r"replica log: /\S+/serve/replica_reward-judge_JudgeDeployment_\w+\.log", line), line
     assert re.search(r"Serve deployment reward-judge/JudgeDeployment \(model no-such-model\): "
                      r"0 of 1 replicas up", proc.stderr)  # progress while it started
