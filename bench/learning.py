@@ -60,6 +60,16 @@ JUDGE = ("engines.judge={kind: transformers, model: smollm2-local, num_threads: 
          "batching: {max_items: 256, wait_ms: 2}}")
 
 
+def prepare_sample(data: Path, *, history_limit: int, extra: Sequence[str] = ()) -> None:
+    """The local SmolLM2 (converted once) and the shipped sample's personalized-generator data
+    with rubric_score rewards in ``data`` (``extra``: more ``trainer.data.prepare`` arguments)."""
+    subprocess.run([PY, "-m", "reward_server", "models", "prepare-smollm2"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([PY, "-m", "trainer.data.prepare", "--sample", "--task", "personalized_generator",
+                    "--reward-kind", "rubric_score", "--history-limit", str(history_limit), *extra,
+                    "--out", str(data)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def start_server(log: Path) -> tuple[subprocess.Popen[str], str]:
     """``reward-server serve`` with the SmolLM2 transformers judge, in-process, on a free port."""
     cmd = [PY, "-m", "reward_server", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -206,16 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out.expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    subprocess.run([PY, "-m", "reward_server", "models", "prepare-smollm2"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
     data = out / "data"
     rules = out / "rules.jsonl"
     users = [json.loads(x)["user_id"] for x in (ROOT / "trainer/data/sample/rules.jsonl").read_text().splitlines()
              if x.strip()]
     rules.write_text("".join(json.dumps({"user_id": u, "rules": [args.rule]}) + "\n" for u in users))
-    subprocess.run([PY, "-m", "trainer.data.prepare", "--sample", "--task", "personalized_generator",
-                    "--reward-kind", "rubric_score", "--history-limit", str(args.history_limit), "--rules", str(rules),
-                    "--out", str(data)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prepare_sample(data, history_limit=args.history_limit, extra=("--rules", str(rules)))
     server, target = (None, args.reward_server) if args.reward_server else start_server(out / "server.log")
     print(f"reward server {target}; runs in {out}", flush=True)
     results: dict[str, Any] = {"steps": args.steps, "learning_rate": args.learning_rate,

@@ -19,36 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.learning import prepare_sample, start_server  # noqa: E402
+
 PY = sys.executable
-
-
-def start_server(log: Path) -> tuple[subprocess.Popen[str], str]:
-    cmd = [PY, "-m", "reward_server", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--set", "engines.judge={kind: transformers, model: smollm2-local, num_threads: 1, "
-           "forward_batch_size: 16, batching: {max_items: 256, wait_ms: 2}}",
-           "--set", "engines.nli={kind: judge}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise SystemExit(f"reward server exited with {proc.returncode}; see {log}")
-        m = re.search(r"listening on ([\d.]+):(\d+)", line)
-        if m:
-            return proc, f"{m.group(1)}:{m.group(2)}"
-    proc.kill()
-    raise SystemExit(f"reward server did not start; see {log}")
 
 
 def rows(log: Path) -> list[dict[str, float]]:
@@ -64,12 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="trl-reward-wait-"))
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([PY, "-m", "reward_server", "models", "prepare-smollm2"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
     data = out / "data"
-    subprocess.run([PY, "-m", "trainer.data.prepare", "--sample", "--task", "personalized_generator",
-                    "--reward-kind", "rubric_score", "--history-limit", "2", "--out", str(data)],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    prepare_sample(data, history_limit=2)
     server, target = start_server(out / "server.log")
     totals: dict[bool, list[float]] = {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]}
     print("| round | prefetch | steps | step s | reward wait s | Score call s | wait share |")

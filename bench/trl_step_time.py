@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.learning import start_server  # noqa: E402
+from bench.learning import prepare_sample, start_server  # noqa: E402
 from trainer.trl_profile import SECTIONS  # noqa: E402
 
 PY = sys.executable
@@ -53,12 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = (args.out or Path(tempfile.mkdtemp(prefix="trl-step-time-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([PY, "-m", "reward_server", "models", "prepare-smollm2"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
     data = out / "data"
-    subprocess.run([PY, "-m", "trainer.data.prepare", "--sample", "--task", "personalized_generator",
-                    "--reward-kind", "rubric_score", "--history-limit", "2", "--out", str(data)],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prepare_sample(data, history_limit=2)
     server, target = (None, args.reward_server) if args.reward_server else start_server(out / "server.log")
     runs: dict[str, list[dict[str, float]]] = {p: [] for p in PATHS}
     head = " | ".join(SECTIONS)
