@@ -229,23 +229,27 @@ RAY_SECRET = {"name": "ray-auth-token", "key": "auth_token"}  # KubeRay authOpti
 SERVER_SECRET = {"name": "reward-server-token", "key": "token"}
 
 
-def _containers(doc: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(where, container) for every container anywhere in a manifest document."""
+def _pods(doc: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) for every pod template of a manifest document."""
     found: list[tuple[str, dict[str, Any]]] = []
 
     def walk(node: Any, where: str) -> None:
         if isinstance(node, dict):
+            if "containers" in node:
+                found.append((where, node))
             for k, v in node.items():
-                if k == "containers" and isinstance(v, list):
-                    found.extend((f"{where}.{c['name']}", c) for c in v)
-                else:
-                    walk(v, f"{where}.{k}")
+                walk(v, f"{where}.{k}")
         elif isinstance(node, list):
             for v in node:
                 walk(v, where)
 
     walk(doc, doc["kind"])
     return found
+
+
+def _containers(doc: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(where, container) for every container anywhere in a manifest document."""
+    return [(f"{where}.{c['name']}", c) for where, pod in _pods(doc) for c in pod["containers"]]
 
 
 def _secret_env(container: dict[str, Any], name: str) -> dict[str, str] | None:
@@ -282,24 +286,6 @@ def test_every_kuberay_container_joins_ray_with_the_token_from_one_secret() -> N
     assert len(clusters) == 2
     for cluster in clusters:
         assert cluster["authOptions"] == {"mode": "token", "secretName": RAY_SECRET["name"]}
-
-
-def _pods(doc: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(where, pod spec) for every pod template of a manifest document."""
-    found: list[tuple[str, dict[str, Any]]] = []
-
-    def walk(node: Any, where: str) -> None:
-        if isinstance(node, dict):
-            if "containers" in node:
-                found.append((where, node))
-            for k, v in node.items():
-                walk(v, f"{where}.{k}")
-        elif isinstance(node, list):
-            for v in node:
-                walk(v, where)
-
-    walk(doc, doc["kind"])
-    return found
 
 
 def test_the_server_token_is_a_file_from_one_secret_for_the_ingress_and_the_trainer() -> None:
