@@ -4,7 +4,11 @@ venv ``.venv-vllm``. Each module skips itself where vLLM is not installed (the m
 Each model is loaded once per session: the transformers reference judge, one in-process vLLM
 engine (built by the server of ``vllm_server``, through the composition root) and one vLLM
 OpenAI-compatible API server subprocess on loopback (``openai_base_url``). Both vLLM engines run
-eagerly (``enforce_eager``: ~35 s to start instead of ~2 min of torch.compile)."""
+eagerly (``enforce_eager``: ~35 s to start instead of ~2 min of torch.compile).
+
+The session's first test starts what loads in processes of its own (the API server, the
+exit check's script) and then the in-process engine, so their start-ups overlap
+(``_start_early``); each test still waits for what it uses."""
 
 from __future__ import annotations
 
@@ -104,39 +108,117 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
-@pytest.fixture(scope="session")
-def openai_base_url(smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM's OpenAI-compatible API server on loopback, serving SmolLM2 as ``smollm2-local``."""
-    port = _free_port()
-    log = Path(tmp_path_factory.mktemp("vllm-api")) / "server.log"
-    cmd = [
-        sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", smollm2, "--served-model-name", "smollm2-local", "--host", "127.0.0.1",
-        "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
-        "--enable-prefix-caching", "--enable-prompt-tokens-details",
-    ]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + SERVER_START_S
+class ApiServer:
+    """vLLM's OpenAI-compatible API server on loopback, serving SmolLM2 as ``smollm2-local``:
+    started at once, waited for by :meth:`base_url`."""
+
+    def __init__(self, smollm2: str, log: Path) -> None:
+        port = _free_port()
+        cmd = [
+            sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
+            "--model", smollm2, "--served-model-name", "smollm2-local", "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+            "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        ]  # fmt: skip
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.base = f"http://127.0.0.1:{port}/v1"
+        self.deadline = time.monotonic() + SERVER_START_S
+
+    def base_url(self) -> str:
         while True:
             try:
-                with urllib.request.urlopen(f"{base}/models", timeout=2):
-                    break
+                with urllib.request.urlopen(f"{self.base}/models", timeout=2):
+                    return self.base
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = log.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"vLLM API server did not start (exit {proc.poll()}):\n{tail}") from None
+                if self.proc.poll() is not None or time.monotonic() > self.deadline:
+                    tail = self.log.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"vLLM API server did not start (exit {self.proc.poll()}):\n{tail}") from None
                 time.sleep(1.0)
-        yield base
-    finally:
-        proc.terminate()
+
+    def stop(self) -> None:
+        self.proc.terminate()
         try:
-            proc.wait(60)
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def api_server(smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    server = ApiServer(smollm2, Path(tmp_path_factory.mktemp("vllm-api")) / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_base_url(api_server: ApiServer) -> str:
+    """The API server's base URL, once it answers."""
+    return api_server.base_url()
+
+
+CLOSE_AND_EXIT = """
+import asyncio, sys
+from reward_server.backends.base import JudgePrompt
+from reward_server.backends.vllm_judge import VLLMJudge
+
+async def main():
+    judge = VLLMJudge(sys.argv[1], dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
+    print(await judge.p_yes([JudgePrompt("sys", "Text: hi.", " Rule: greets?")]))
+    await judge.close()
+
+if __name__ == "__main__":  # vLLM spawns its engine process
+    asyncio.run(main())
+"""
+
+
+class Script:
+    """A Python script run in a process of its own, its output in files: started at once,
+    waited for by :meth:`wait`."""
+
+    def __init__(self, source: str, args: list[str], folder: Path) -> None:
+        script, self.out, self.err = folder / "script.py", folder / "stdout.txt", folder / "stderr.txt"
+        script.write_text(source)
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen([sys.executable, str(script), *args], stdout=out, stderr=err,
+                                         start_new_session=True)
+
+    def wait(self, timeout_s: float) -> tuple[int, str]:
+        """The exit status and stderr."""
+        rc = self.proc.wait(timeout_s)
+        return rc, self.err.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def close_and_exit(smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Script]:
+    """CLOSE_AND_EXIT on the local SmolLM2 (an engine of its own), started at once; the test
+    (test_vllm_judge.py) waits for its end."""
+    script = Script(CLOSE_AND_EXIT, [smollm2], tmp_path_factory.mktemp("close-and-exit"))
+    try:
+        yield script
+    finally:
+        script.kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_early(request: pytest.FixtureRequest) -> None:
+    """At the session's first test, start every SmolLM2 load a selected test needs that runs in
+    processes of its own, then the in-process engine: each takes ~35-60 s to start, mostly in
+    one process each, so on two cores they overlap."""
+    needed = {name for item in request.session.items for name in item.fixturenames}
+    for name in ("api_server", "close_and_exit", "vllm_server"):
+        if name in needed:
+            request.getfixturevalue(name)
+
 
 # ------------------------------------------------------------------------------ shared prompts
 

@@ -14,7 +14,7 @@ from reward_server.backends.base import GenerationRequest
 from reward_server.client import AsyncRewardClient
 from reward_server.rubric.templates import judge_prompts
 
-from .conftest import LONG_REVIEW, PROMPTS, RULES, TOP_K, NaturalRanks, require_vllm
+from .conftest import LONG_REVIEW, PROMPTS, RULES, TOP_K, NaturalRanks, Script, require_vllm
 
 require_vllm()
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -133,32 +133,10 @@ async def test_score_parl_a_same_reward_on_vllm_and_transformers(
         assert on_vllm.components[name] == pytest.approx(value, abs=TOLERANCE), name
 
 
-CLOSE_AND_EXIT = """
-import asyncio, sys
-from reward_server.backends.base import JudgePrompt
-from reward_server.backends.vllm_judge import VLLMJudge
-
-async def main():
-    judge = VLLMJudge(sys.argv[1], dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
-    print(await judge.p_yes([JudgePrompt("sys", "Text: hi.", " Rule: greets?")]))
-    await judge.close()
-
-if __name__ == "__main__":  # vLLM spawns its engine process
-    asyncio.run(main())
-"""
-
-
-def test_a_closed_judge_exits_without_a_traceback(smollm2: str, tmp_path: Any) -> None:
+def test_a_closed_judge_exits_without_a_traceback(close_and_exit: Script) -> None:
     """AsyncLLM.__del__ shuts down again; left for interpreter exit, it printed "Exception
-    ignored ... TypeError" on torn-down globals (vLLM 0.32). close() drops the last reference."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "close_and_exit.py"
-    script.write_text(CLOSE_AND_EXIT)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    done = subprocess.run([sys.executable, str(script), smollm2], capture_output=True, text=True,
-                          timeout=600, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
+    ignored ... TypeError" on torn-down globals (vLLM 0.32). close() drops the last reference.
+    The script (conftest.CLOSE_AND_EXIT) started with the session; its end is awaited here."""
+    rc, stderr = close_and_exit.wait(timeout_s=600)
+    assert rc == 0, stderr[-2000:]
+    assert "Exception ignored" not in stderr, stderr[-2000:]
