@@ -1,6 +1,6 @@
 """Does a policy trained through ``trainer/run.py`` against the reward server get better?
 
-    flock /tmp/cpu-heavy.lock .venv/bin/python bench/learning.py [--steps 24] [--out runs/learning]
+    flock /tmp/cpu-heavy.lock .venv/bin/python bench/learning.py [--steps 20] [--out runs/learning]
 
 SmolLM2-135M-Instruct, TRL engine on CPU, trained through ``trainer/run.py`` against a real
 reward server (the SmolLM2 transformers judge, in-process, started here unless
@@ -188,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--reward-server", help="HOST:PORT of a running server (default: start one here)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma list of %(default)s")
     ap.add_argument("--rule", default=RULE, help="every user's one rubric rule (default %(default)r)")
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=0,
                     help="held-out evaluation every N steps (default 0: before the first step and after the last)")
     ap.add_argument("--eval-generations", type=int, default=32, help="completions per held-out prompt")
@@ -199,7 +199,7 @@ def parser() -> argparse.ArgumentParser:
     # the prompt's tokens dominate a CPU step: one example of the user's past reviews, not two
     ap.add_argument("--history-limit", type=int, default=1, help="past texts per prompt (default %(default)s)")
     ap.add_argument("--max-completion-length", type=int, default=48)
-    ap.add_argument("--learning-rate", type=float, default=1e-4)
+    ap.add_argument("--learning-rate", type=float, default=7e-5)
     # the verl presets' sampling (paper_grpo.yaml: temperature 0.6, top_p 0.95, top_k 20)
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--top-k", type=int, default=20)
