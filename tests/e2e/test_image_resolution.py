@@ -1,44 +1,32 @@
 """Each image's extras resolve against the package index (PyPI), as deploy/Dockerfile installs
 them: the reward-server image with EXTRAS=server,gpu (vLLM >=0.32 for the judge), the training
 image with EXTRAS=train,rollout,trl (verl 0.9.1 and the vLLM 0.24.0 its rollouts are built for).
-pip's ``--dry-run --report`` of each, both at once; no package is installed. The offline checks
-(verl's own metadata, the Dockerfile and Makefile naming these extras) are
+pip's ``--dry-run --report`` of each, both at once, started when collection finds this module
+(tests/e2e/conftest.py: they resolve while the tests before it run); no package is installed.
+The offline checks (verl's own metadata, the Dockerfile and Makefile naming these extras) are
 tests/unit/deploy/test_image_extras.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from .conftest import IMAGES, start_resolving
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-IMAGES = {"reward-server": "server,gpu", "training": "train,rollout,trl"}
-
-
-def resolve(extras: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-         "--report", "-", f"{ROOT}[{extras}]"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
 
 
 @pytest.fixture(scope="module")
-def resolved() -> dict[str, dict[str, str]]:
-    procs = {image: resolve(extras) for image, extras in IMAGES.items()}  # concurrently: network-bound
+def resolved(request: pytest.FixtureRequest) -> dict[str, dict[str, str]]:
     out = {}
-    for image, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=400)
-        if proc.returncode != 0 and re.search(r"(?i)(connection|network|resolve host|timed out)", stderr):
+    for image, resolution in start_resolving(request.config).items():
+        rc, stderr = resolution.wait(timeout_s=400)
+        if rc != 0 and re.search(r"(?i)(connection|network|resolve host|timed out)", stderr):
             pytest.skip(f"no package index reachable: {stderr.strip().splitlines()[-1]}")
-        assert proc.returncode == 0, f"{image} image ({IMAGES[image]}):\n{stderr[-3000:]}"
-        report = json.loads(stdout)
+        assert rc == 0, f"{image} image ({IMAGES[image]}):\n{stderr[-3000:]}"
+        report = json.loads(resolution.report.read_text())
         out[image] = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     return out
 
