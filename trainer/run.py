@@ -98,8 +98,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --eval-steps: skip the evaluation before training (the initial policy's, "
                         "when another run of the same seed has it)")
     g.add_argument("--no-shared-prompt", dest="share_prompt", action="store_false",
-                   help="run each completion's prompt through the log-prob forwards again (TRL's own "
-                        "path; the default runs a group's prompt once: same log-probs, less work)")
+                   help="run each completion's prompt through generation's prefill and the log-prob "
+                        "forwards again (TRL's own path; the default runs a group's prompt once: same "
+                        "prompts, sampling and log-probs, less work)")
     g.add_argument("--profile", action="store_true",
                    help="print where each step's time goes (generate, ref_forward, reward, backward, ...; "
                         "always in run_log.jsonl as time/<section>)")

@@ -64,7 +64,7 @@ class TrlRunSettings:
     mask_infra_failures: bool = False
     gradient_checkpointing: bool = False  # trades compute for memory; off for small models
     prefetch_reward: bool = True  # start the Score call right after generation (same rewards)
-    share_prompt: bool = True  # a group's prompt run once in the log-prob forwards (same log-probs)
+    share_prompt: bool = True  # a group's prompt run once in generation and the log-prob forwards
     profile: bool = False  # print each step's time per section (always in run_log.jsonl: time/*)
     reward_transform: str = "none"  # none | shuffle | negate: control arms (trainer.reward_transforms)
     eval_steps: int = 0  # >0: held-out evaluation (trl_val.parquet) before training, every N steps, at the end

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from trainer.data import prepare  # noqa: E402
 from trainer.heldout import summarize  # noqa: E402
 from trainer.trl_runner import TrlRunSettings, run_trl  # noqa: E402
-from trainer.trl_shared_prompt import shared_prompt_logps  # noqa: E402
+from trainer.trl_shared_prompt import shared_prefix_generate, shared_prompt_logps  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -87,6 +87,36 @@ def test_shared_prompt_logps_equal_trls_own_with_gradients(tiny_policy: Path) ->
         assert torch.allclose(q.grad, ref_grads[name], rtol=1e-4, atol=1e-6), name
 
 
+def test_shared_prefix_generation_equals_generate_and_prefills_each_prompt_once(tiny_policy: Path) -> None:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy).eval()
+    torch.manual_seed(2)
+    g, p = 3, 12
+    prompts = torch.randint(100, 20000, (2, p))
+    ids = prompts.repeat_interleave(g, dim=0)
+    mask = torch.ones_like(ids)
+    mask[g:, :4] = 0  # the second prompt left-padded, as TRL pads for generation
+    ids[g:, :4] = 2
+    order = torch.randperm(2 * g)
+    ids, mask = ids[order], mask[order]
+    config = GenerationConfig(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=2)
+
+    rows: list[tuple[int, int]] = []  # (rows, tokens) of each backbone forward
+    hook = model.base_model.register_forward_pre_hook(
+        lambda _m, args, kwargs: rows.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        first_ref = rows[0]
+        rows.clear()
+        out = shared_prefix_generate(model, input_ids=ids, attention_mask=mask, generation_config=config)
+    hook.remove()
+    assert torch.equal(out, ref)
+    assert first_ref == (2 * g, p)  # generate's own first forward: every row's whole prompt
+    # ours: each distinct prompt once (its last token aside), then every row's last prompt token
+    assert rows[0] == (2, p - 1) and rows[1] == (2 * g, 1)
+
+
 def run(tmp_path: Path, tiny_policy: Path, data: Path, server: Any, **kw: Any) -> dict[str, Any]:
     settings = TrlRunSettings(data=data, output_dir=tmp_path, reward_server=server.target, model=str(tiny_policy),
                               device="cpu", max_steps=2, prompts_per_step=2, num_generations=4,
@@ -104,6 +134,7 @@ def test_a_run_profiles_its_steps_and_evaluates_the_held_out_users(tmp_path, tin
     result = run(tmp_path, tiny_policy, data, reward_server, eval_steps=2, eval_generations=4, profile=True)
     trainer = result["trainer"]
     assert trainer.shared_prompt_calls >= 4  # ref and policy forwards of both steps took the shared path
+    assert trainer.shared_generate_calls >= 3  # both steps' generations and the evaluations' shared the prefill
     rows = log_rows(result)
     train = [r for r in rows if "reward" in r and "step" in r]
     assert len(train) == 2
