@@ -31,6 +31,33 @@ import functools
 from typing import Any
 
 
+def distinct_rows(ids: Any, mask: Any) -> tuple[Any, Any]:
+    """``(unique, inverse)`` of the rows of ``ids`` and ``mask`` side by side (``torch.unique``
+    over ``[ids | mask]``): the distinct rows and, for every row, its distinct row's index."""
+    import torch
+
+    return torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)  # type: ignore[no-any-return]
+
+
+def prefix_cache(model: Any, ids: Any, mask: Any, *, distinct: tuple[Any, Any] | None = None,
+                 position_ids: bool = False) -> Any:
+    """A ``DynamicCache`` of ``ids`` for every row, each distinct row (:func:`distinct_rows`, or
+    ``distinct`` when the caller has it) run once through ``model``'s backbone; with
+    ``position_ids``, at the positions ``generate`` derives from the attention mask."""
+    from transformers import DynamicCache
+
+    unique, inverse = distinct if distinct is not None else distinct_rows(ids, mask)
+    n = ids.size(1)
+    u_ids, u_mask = unique[:, :n], unique[:, n:]
+    extra = {}
+    if position_ids:
+        extra["position_ids"] = (u_mask.long().cumsum(-1) - 1).masked_fill(u_mask == 0, 0)
+    cache = DynamicCache(config=model.config)
+    model.base_model(input_ids=u_ids, attention_mask=u_mask, past_key_values=cache, use_cache=True, **extra)
+    cache.batch_select_indices(inverse)
+    return cache
+
+
 def shared_prompt_logps(
     model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *,
     compute_entropy: bool = False, batch_size: int | None = None,
@@ -40,7 +67,6 @@ def shared_prompt_logps(
     ``batch_size`` at a time (all at once for None) and rows with equal prompts share one
     prompt forward."""
     import torch
-    from transformers import DynamicCache
 
     rows = input_ids.size(0)
     step = batch_size or rows
@@ -48,12 +74,7 @@ def shared_prompt_logps(
     cut = input_ids.size(1) - logits_to_keep - 1  # the prompt minus its last token
     for start in range(0, rows, step):
         ids, mask = input_ids[start:start + step], attention_mask[start:start + step]
-        prompt_key = torch.cat([ids[:, :cut], mask[:, :cut]], dim=1)
-        unique, inverse = torch.unique(prompt_key, dim=0, return_inverse=True)
-        cache = DynamicCache(config=model.config)
-        model.base_model(input_ids=unique[:, :cut], attention_mask=unique[:, cut:], past_key_values=cache,
-                         use_cache=True)
-        cache.batch_select_indices(inverse)
+        cache = prefix_cache(model, ids[:, :cut], mask[:, :cut])
         tail = ids[:, cut:]
         labels = tail.masked_fill(mask[:, cut:] == 0, -100)
         out = model(input_ids=tail, attention_mask=mask, past_key_values=cache, labels=labels,
@@ -65,29 +86,22 @@ def shared_prompt_logps(
 
 
 def shared_prefix_generate(model: Any, *, input_ids: Any, attention_mask: Any, **kwargs: Any) -> Any:
-    """``model.generate(input_ids=..., attention_mask=..., **kwargs)`` with each distinct row's
-    prompt prefilled once: its tokens but the last run through the backbone into a
-    ``DynamicCache`` (position ids as ``generate`` derives them from the attention mask), the cache
-    selected for every row, and ``generate`` continuing from it (it feeds only the tokens the
-    cache lacks). Rows that are all distinct, a caller's own cache or a configured cache
-    implementation go to ``generate`` unchanged."""
+    """``model.generate(input_ids=..., attention_mask=..., **kwargs)`` with each distinct prompt
+    prefilled once: its tokens but the last in a :func:`prefix_cache` (at ``generate``'s
+    positions) selected for every row, and ``generate`` continuing from it (it feeds only the
+    tokens the cache lacks). Rows whose prompts are all distinct, a caller's own cache or a
+    configured cache implementation go to ``generate`` unchanged."""
     import torch
-    from transformers import DynamicCache
 
     generation_config = kwargs.get("generation_config")
     n = input_ids.size(1)
-    key = torch.cat([input_ids, attention_mask], dim=1)
-    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if (n < 2 or unique.size(0) == input_ids.size(0) or "past_key_values" in kwargs
+    distinct = distinct_rows(input_ids[:, :n - 1], attention_mask[:, :n - 1]) if n >= 2 else None
+    if (distinct is None or distinct[0].size(0) == input_ids.size(0) or "past_key_values" in kwargs
             or getattr(generation_config, "cache_implementation", None) is not None):
         return type(model).generate(model, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    ids, mask = unique[:, :n - 1], unique[:, n:2 * n - 1]
-    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
-    cache.batch_select_indices(inverse)
+        cache = prefix_cache(model, input_ids[:, :n - 1], attention_mask[:, :n - 1], distinct=distinct,
+                             position_ids=True)
     return type(model).generate(model, input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                                 **kwargs)
 
