@@ -192,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-every", type=int, default=0,
                     help="held-out evaluation every N steps (default 0: before the first step and after the last)")
     ap.add_argument("--eval-generations", type=int, default=32, help="completions per held-out prompt")
-    # one prompt of 8: its tokens are computed once in the log-prob forwards (the shared-prompt
+    # one prompt of 8: its tokens are computed once in generation and the log-prob forwards (the shared-prompt
     # path), and a group of 8 ranks its completions better than two of 4 at the same cost
     ap.add_argument("--prompts-per-step", type=int, default=1)
     ap.add_argument("--num-generations", type=int, default=8)
