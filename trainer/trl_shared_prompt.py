@@ -20,9 +20,10 @@ MoE auxiliary loss) and TRL's own method elsewhere.
 Generation repeats the same work: TRL's transformers path hands ``generate`` every prompt
 ``num_generations`` times, and the prefill of those identical rows was ~38 % of a demo-sized
 generation on CPU (a 350-token prompt, 8 completions of 48 tokens: 3.21 s of 8.42 s; one row's
-prefill 0.46 s; ``bench/generation_prefill.py``). :func:`shared_prefix_generate` prefills each distinct prompt once (its last token
-aside, at the positions ``generate`` gives it), selects that KV cache for every row, and lets
-``generate`` continue from it: the same prompts and sampling, the prompt's forward run once.
+prefill 0.46 s; ``bench/generation_prefill.py``). :func:`shared_prefix_generate` prefills each
+distinct prompt once (its last token aside, at the positions ``generate`` gives it), selects that
+KV cache for every row, and lets ``generate`` continue from it: the same prompts and sampling,
+the prompt's forward run once.
 """
 
 from __future__ import annotations
