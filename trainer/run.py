@@ -81,6 +81,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--save-steps", type=int, default=0,
                    help="also save a checkpoint every N steps (0: only the final model)")
     g.add_argument("--learning-rate", type=float, default=1e-5)
+    g.add_argument("--warmup-steps", type=int, default=0,
+                   help="ramp the learning rate up from 0 over the first N steps (default 0: none, as TRL)")
     g.add_argument("--prompts-per-step", type=int, default=2)
     g.add_argument("--num-generations", type=int, default=4)
     g.add_argument("--max-completion-length", type=int, default=64)
@@ -314,8 +316,8 @@ def check_trl_args(args: argparse.Namespace) -> None:
     if args.num_generations < 2:
         raise UserError(f"--num-generations must be >= 2: GRPO compares completions of one prompt "
                         f"(got {args.num_generations})")
-    if args.save_steps < 0:
-        raise UserError(f"--save-steps must be >= 0 (got {args.save_steps})")
+    if args.save_steps < 0 or args.warmup_steps < 0:
+        raise UserError(f"--save-steps and --warmup-steps must be >= 0 (got {args.save_steps}, {args.warmup_steps})")
     if args.eval_steps < 0 or args.top_k < 0:
         raise UserError(f"--eval-steps and --top-k must be >= 0 (got {args.eval_steps}, {args.top_k})")
     if args.eval_steps and args.eval_generations < 2:
@@ -389,7 +391,7 @@ def main_trl(args: argparse.Namespace) -> int:
     result = run_trl(TrlRunSettings(
         data=data, output_dir=path, reward_server=args.reward_server,
         model=args.model, device=args.device, max_steps=args.max_steps, save_steps=args.save_steps,
-        learning_rate=args.learning_rate, prompts_per_step=args.prompts_per_step,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, prompts_per_step=args.prompts_per_step,
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         temperature=args.temperature, seed=args.seed, report_to=names, retry=retry,
         token=server_token(), mask_infra_failures=args.mask_infra_failures,

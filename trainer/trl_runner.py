@@ -50,6 +50,10 @@ class TrlRunSettings:
     max_steps: int = 10
     save_steps: int = 0  # 0: only the final model
     learning_rate: float = 1e-5
+    # the learning rate ramps up from 0 over this many steps, then decays linearly (TRL's schedule);
+    # 0: from the first step (TRL's default). Adam's first steps move every weight by about the
+    # learning rate whatever the gradient's size, so a run of few steps feels them most
+    warmup_steps: int = 0
     prompts_per_step: int = 2
     num_generations: int = 4
     max_completion_length: int = 64
@@ -114,7 +118,7 @@ def grpo_config(s: TrlRunSettings, device: str) -> Any:
 
         bf16 = bool(torch.cuda.is_bf16_supported())
     return GRPOConfig(
-        output_dir=str(s.output_dir), max_steps=s.max_steps, learning_rate=s.learning_rate,
+        output_dir=str(s.output_dir), max_steps=s.max_steps, learning_rate=s.learning_rate, warmup_steps=s.warmup_steps,
         per_device_train_batch_size=s.prompts_per_step * s.num_generations,
         num_generations=s.num_generations, max_completion_length=s.max_completion_length,
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, beta=s.beta, seed=s.seed,

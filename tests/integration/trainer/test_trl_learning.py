@@ -131,13 +131,16 @@ def log_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.e2e  # two short runs through run_trl (TRL, a server, ~40 s each here)
 def test_a_run_profiles_its_steps_and_evaluates_the_held_out_users(tmp_path, tiny_policy, data,
                                                                     reward_server) -> None:
-    result = run(tmp_path, tiny_policy, data, reward_server, eval_steps=2, eval_generations=4, profile=True)
+    result = run(tmp_path, tiny_policy, data, reward_server, eval_steps=2, eval_generations=4, profile=True,
+                 warmup_steps=2)
     trainer = result["trainer"]
     assert trainer.shared_prompt_calls >= 4  # ref and policy forwards of both steps took the shared path
     assert trainer.shared_generate_calls >= 3  # both steps' generations and the evaluations' shared the prefill
     rows = log_rows(result)
     train = [r for r in rows if "reward" in r and "step" in r]
     assert len(train) == 2
+    # --warmup-steps 2: the learning rate ramps from 0 (the first step only fills Adam's moments)
+    assert [r["learning_rate"] for r in train] == pytest.approx([0.0, 0.5e-3])
     for r in train:
         parts = [v for k, v in r.items() if k.startswith("time/") and k != "time/step"]
         assert sum(parts) == pytest.approx(r["time/step"], rel=1e-6)
