@@ -21,7 +21,8 @@ knows how long to wait, ``Retry-After``. The token of ``server.auth_token`` is r
 ``http://user:<token>@host`` URLs send); ``/v1/health`` is open, as gRPC health is.
 
 Starlette routes it and uvicorn serves it, as a task of the server's own event loop, with
-uvicorn's signal handling off (the CLI's SIGTERM/SIGINT drain stops both doors).
+uvicorn's signal handling off (the CLI's SIGTERM/SIGINT drain stops both doors); its
+connections (httptools' parser, the door's bounds) are :mod:`reward_server.rpc.http_conn`'s.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import uvicorn
 from google.protobuf.message import Message
@@ -43,7 +44,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from reward_server import metrics
 from reward_server._proto.reward.v1 import reward_pb2 as pb
@@ -58,6 +58,7 @@ from reward_server.errors import (
 from reward_server.rpc import jsonlimits, openrlhf
 from reward_server.rpc.auth import TokenCheck
 from reward_server.rpc.health import HealthMonitor
+from reward_server.rpc.http_conn import HEAD_AT, DoorProtocol
 from reward_server.rpc.servicer import RewardServicer
 from reward_server.rpc.settings import ServerSettings
 from reward_server.rpc.status import http_headers_for, http_status_for, message_for, status_for
@@ -123,72 +124,6 @@ async def no_route(request: Request, exc: Exception) -> Response:
         code = "NOT_FOUND"
     return json_response({"error": {"code": status, "status": code, "message": message}},
                          status, headers)
-
-
-HEALTH_RESERVE = 16  # connections past server.http.max_connections that may only ask health
-
-
-class _Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, plus: a connection must send a request's headers within
-    ``header_timeout_s`` of opening or of its last answer (uvicorn's keep-alive timer starts
-    only after a first answer, so connections that never send anything stayed open and, past
-    its concurrency limit, made every request 503); past ``max_connections`` +
-    ``HEALTH_RESERVE``, or past its address's share (``per_peer`` open connections already,
-    counted in ``peers``), a new connection is closed at once (1,100 connections from one
-    address sending a body byte every 5 s took every slot, the health reserve included, for
-    as long as they went on)."""
-
-    header_timeout_s = 10.0
-    max_connections = 1024
-    per_peer: int | None = None
-    peers: ClassVar[collections.Counter[str]] = collections.Counter()  # each door: its own
-    _header_timer: asyncio.TimerHandle | None = None
-    _host: str | None = None  # counted in peers
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        peer = transport.get_extra_info("peername")
-        host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-        if len(self.connections) > self.max_connections + HEALTH_RESERVE or (
-                self.per_peer is not None and self.peers[host] >= self.per_peer):
-            transport.close()
-            return
-        self._host = host
-        self.peers[host] += 1
-        self._arm()
-
-    def _arm(self) -> None:
-        self._disarm()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
-
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.cycle is not None and not self.cycle.response_complete:
-            self._disarm()  # a request's headers are in
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        if self._host is not None:
-            self.peers[self._host] -= 1
-            if self.peers[self._host] <= 0:
-                del self.peers[self._host]
-            self._host = None
-        super().connection_lost(exc)
-
-    def _header_timeout(self) -> None:
-        self._header_timer = None
-        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
-            self.transport.close()
 
 
 class _Server(uvicorn.Server):
@@ -262,9 +197,10 @@ class HttpDoor:
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         http = self._settings.http
-        protocol = type("Protocol", (_Protocol,), {
+        protocol = type("Protocol", (DoorProtocol,), {
             "header_timeout_s": http.header_timeout_s, "max_connections": http.max_connections,
-            "per_peer": http.max_connections_per_peer, "peers": collections.Counter()})
+            "per_peer": http.max_connections_per_peer, "peers": collections.Counter(),
+            "body_timeout_s": self._settings.receive_timeout_s})
         config = uvicorn.Config(
             self.app, log_config=None, access_log=False, lifespan="off",
             timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_period_s)),
@@ -324,8 +260,12 @@ class HttpDoor:
             return body
 
         timeout = self._settings.receive_timeout_s
+        head_at = request.scope.get("state", {}).get(HEAD_AT)
         try:
-            return await asyncio.wait_for(read(), timeout)
+            # counted from the request's head (asyncio.timeout: no task, as wait_for's in 3.11)
+            async with (asyncio.timeout(timeout) if head_at is None
+                        else asyncio.timeout_at(head_at + timeout)):
+                return await read()
         except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within "
                               f"server.receive_timeout_s={timeout}s") from None

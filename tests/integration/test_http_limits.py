@@ -4,6 +4,7 @@ idle connections and the reserved health path. Each against a real server on 127
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+
+from reward_server.backends.fake import FakeNLI
 
 from .conftest import Running, running_server
 
@@ -200,3 +203,105 @@ async def test_a_client_that_leaves_mid_body_is_cancelled_not_an_error(
             await asyncio.sleep(0.02)
         assert cancelled() == before + 1
     assert not [rec for rec in caplog.records if rec.levelname == "ERROR" or rec.exc_info]
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> bytes:
+    """One HTTP/1.1 answer with a Content-Length, head and body."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                  if line.startswith(b"content-length:"))
+    return head + await asyncio.wait_for(reader.readexactly(length), 5.0)
+
+
+async def _send_and_read(port: int, pieces: list[bytes],
+                         first: bytes | None = None) -> tuple[bytes, bytes]:
+    """Send ``first`` (read to its answer's end), then ``pieces`` one write each; the answer
+    to ``first`` and everything else the server sent until it closed the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        before = b""
+        if first is not None:
+            writer.write(first)
+            before = await _read_answer(reader)
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+        return before, await asyncio.wait_for(reader.read(), 5.0)  # to EOF: the server closes
+    finally:
+        writer.close()
+
+
+def _pieces(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+HEALTH = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+ENDLESS = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 40_000  # no end
+
+
+async def test_a_request_head_may_come_in_pieces_and_is_bounded(server: Running) -> None:
+    """A request's line and headers may take 16 KiB, in any pieces: one sent a byte at a time
+    and one of 15,000 bytes are answered; one that passes 16 KiB without ending is a 400 and
+    its connection closed: as the first request of a connection, after an answered one, and
+    after one answered from the same first read (pipelined; llhttp, the door's parser, has
+    no bound of its own; h11 had this one)."""
+    port = server.app.http_port
+    small = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    _, answer = await _send_and_read(port, _pieces(small, 1))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    padded = (b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 15_000
+              + b"\r\nConnection: close\r\n\r\n")
+    _, answer = await _send_and_read(port, _pieces(padded, 1024))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    endless = ENDLESS[:16 * 1024 + 1]
+    _, answer = await _send_and_read(port, _pieces(endless, 1024))
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    before, answer = await _send_and_read(port, _pieces(endless, 1024), first=HEALTH)
+    assert before.startswith(b"HTTP/1.1 200"), before[:200]
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    before, answer = await _send_and_read(port, _pieces(ENDLESS[1024:], 1024),
+                                          first=HEALTH + ENDLESS[:1024])
+    assert before.startswith(b"HTTP/1.1 200"), before[:200]
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+
+
+async def test_a_body_left_unread_behind_an_early_answer_is_no_head(server: Running) -> None:
+    """The rest of a 200,000-byte body that arrives after its request was answered (415,
+    without reading it) is read past as a body, not counted against the 16 KiB bound on
+    request heads: the connection's next request is answered."""
+    head = (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 200000\r\n\r\n")
+    close = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    before, answer = await _send_and_read(
+        server.app.http_port, [*_pieces(b"a" * 130_000, 4096), close],
+        first=head + b"a" * 70_000)
+    assert before.startswith(b"HTTP/1.1 415"), before[:200]
+    assert answer.startswith(b"HTTP/1.1 200") and b"SERVING" in answer, answer[:200]
+
+
+async def test_a_long_head_pipelined_behind_a_call_closes_without_a_400() -> None:
+    """A request head past 16 KiB pipelined behind a call still running closes the
+    connection with no 400 written: the client would read it as the call's answer."""
+    body = json.dumps({"items": [{"id": "a", "nli_constraints": NLI}]}).encode()
+    call = (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    nli = FakeNLI(latency_s=1.0)
+    async with running_server(["server.http.port=0"], nli=nli) as r:
+        reader, writer = await asyncio.open_connection("127.0.0.1", r.app.http_port)
+        answer = b""
+        try:
+            calls = len(nli.batch_sizes)
+            writer.write(call)
+            while len(nli.batch_sizes) == calls:  # the call is read and running
+                await asyncio.sleep(0.01)
+            with contextlib.suppress(ConnectionError):
+                for piece in _pieces(ENDLESS, 1024):
+                    writer.write(piece)
+                    await writer.drain()
+                # to EOF (or a reset), before the call's answer (1 s): a TimeoutError fails
+                while chunk := await asyncio.wait_for(reader.read(65536), 0.9):
+                    answer += chunk
+        finally:
+            writer.close()
+    assert b"HTTP/1.1" not in answer, answer[:200]
+
