@@ -93,10 +93,6 @@ def start_server(log: Path) -> tuple[subprocess.Popen[str], str]:
     raise SystemExit(f"reward server did not start within 600 s; see {log}")
 
 
-def warmup_steps(args: argparse.Namespace) -> int:
-    return args.steps // 2 if args.warmup_steps is None else int(args.warmup_steps)
-
-
 def train_arm(args: argparse.Namespace, *, arm: str, data: Path, target: str, out: Path,
               eval_on_start: bool) -> Path:
     """One arm through ``trainer/run.py``; its run folder."""
@@ -105,7 +101,7 @@ def train_arm(args: argparse.Namespace, *, arm: str, data: Path, target: str, ou
            "--max-steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
            "--num-generations", str(args.num_generations),
            "--max-completion-length", str(args.max_completion_length),
-           "--learning-rate", str(args.learning_rate), "--warmup-steps", str(warmup_steps(args)),
+           "--learning-rate", str(args.learning_rate), "--warmup-steps", str(args.warmup_steps),
            "--temperature", str(args.temperature),
            "--top-k", str(args.top_k), "--eval-steps", str(args.eval_every or args.steps),
            "--eval-generations", str(args.eval_generations), "--reward-transform", ARMS[arm], "--profile"]
@@ -227,6 +223,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.warmup_steps is None:
+        args.warmup_steps = args.steps // 2
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -243,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server, target = (None, args.reward_server) if args.reward_server else start_server(out / "server.log")
     print(f"reward server {target}; runs in {out}", flush=True)
     results: dict[str, Any] = {"steps": args.steps, "learning_rate": args.learning_rate,
-                               "warmup_steps": warmup_steps(args),
+                               "warmup_steps": args.warmup_steps,
                                "eval_generations": args.eval_generations, "arms": {},
                                "command": " ".join([Path(PY).name, "bench/learning.py", *(argv or sys.argv[1:])])}
     before: dict[int, HeldOut] = {}
