@@ -260,11 +260,10 @@ class HttpDoor:
             return body
 
         timeout = self._settings.receive_timeout_s
-        head_at = request.scope.get("state", {}).get(HEAD_AT)
         try:
-            # counted from the request's head (asyncio.timeout: no task, as wait_for's in 3.11)
-            async with (asyncio.timeout(timeout) if head_at is None
-                        else asyncio.timeout_at(head_at + timeout)):
+            # counted from the request's head, which DoorProtocol stamps on every request
+            # (asyncio.timeout_at: no task, as wait_for's in 3.11)
+            async with asyncio.timeout_at(request.scope["state"][HEAD_AT] + timeout):
                 return await read()
         except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within "
