@@ -90,6 +90,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"error: reward-server serve: {problem}", file=sys.stderr)
         return 2
+    if getattr(args, "command_line", False):
+        _restart_with_malloc_tunables(config)
     _setup_logging(config.logging.level, json_format=config.logging.json_format)
     ray_settings = config.serving.ray
     if config.serving.mode == "ray" and not (ray_settings.address or os.environ.get("RAY_ADDRESS")):
@@ -97,6 +99,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         keep_local_ray_on_loopback(local_node_ip=ray_settings.local_node_ip)
     return asyncio.run(_serve(config))
+
+
+def _restart_with_malloc_tunables(config: RewardServerConfig) -> None:
+    """Start this process again (same pid, arguments and streams) with glibc's thread cache
+    set as ``server.malloc_tcache_count`` asks, which glibc reads only at start; before any
+    thread or socket exists. Nothing to change: returns."""
+    from reward_server.rpc.memory import tcache_env
+
+    env = tcache_env(os.environ, config.server.malloc_tcache_count)
+    if env is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, env)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -425,6 +440,7 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int] | 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = argv is None  # this process's own command line: serve may restart it
     if args.command != "serve":
         _setup_logging("WARNING")
     try:

@@ -203,3 +203,19 @@ async def test_a_trim_under_load_does_not_move_the_level_an_idle_server_compares
     finally:
         watch.cancel()
     assert len(held) == grow // 2048 and more
+
+
+def test_tcache_env_adds_the_tunable_once_and_keeps_the_operators() -> None:
+    if not memory._is_glibc():
+        assert memory.tcache_env({}, 0) is None
+        pytest.skip("not glibc: nothing to set")
+    env = memory.tcache_env({"PATH": "/bin"}, 0)
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+    # other tunables are kept; the restarted process finds it there and does not restart again
+    env = memory.tcache_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, 3)
+    assert env is not None and env["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=3")
+    assert memory.tcache_env(env, 0) is None
+    # the operator's own value wins; None asks for glibc's default
+    assert memory.tcache_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}, 0) is None
+    assert memory.tcache_env({"PATH": "/bin"}, None) is None
