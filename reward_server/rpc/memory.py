@@ -101,8 +101,8 @@ def tcache_env(environ: Mapping[str, str], count: int | None) -> dict[str, str] 
     Why: those cached chunks are neither returned by ``malloc_trim`` nor reused by other
     threads, and after a flood each of gRPC core's threads holds up to 7 of each of 64 sizes,
     scattered over pages that are otherwise free, so the pages stay resident (bench/faults.py,
-    rapid reset on a fresh server: RSS after +5 to +11 % without the cache, +14 to +16 % with
-    glibc's 7; docs/performance-log.md)."""
+    rapid reset on a fresh server: RSS after +5.0 to +11.1 % without the cache, +13.6 to
+    +16.3 % with glibc's 7; docs/performance-log.md)."""
     if count is None or not _is_glibc():
         return None
     current = environ.get("GLIBC_TUNABLES", "")
