@@ -108,10 +108,16 @@ def _restart_with_malloc_tunables(config: RewardServerConfig) -> None:
     from reward_server.rpc.memory import tcache_env
 
     env = tcache_env(os.environ, config.server.malloc_tcache_count)
-    if env is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    if env is None or not sys.orig_argv or not sys.executable:  # (an embedded interpreter)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
         os.execve(sys.executable, sys.orig_argv, env)
+    except OSError as exc:  # serve on, with glibc's default
+        logger.warning("could not start again with GLIBC_TUNABLES=%s (%s); serving with glibc's "
+                       "default thread cache (server.malloc_tcache_count)",
+                       env["GLIBC_TUNABLES"], exc)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -219,3 +219,26 @@ def test_tcache_env_adds_the_tunable_once_and_keeps_the_operators() -> None:
     # the operator's own value wins; None asks for glibc's default
     assert memory.tcache_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}, 0) is None
     assert memory.tcache_env({"PATH": "/bin"}, None) is None
+
+
+def test_serve_that_cannot_start_again_serves_on_with_a_warning(monkeypatch, caplog) -> None:
+    from reward_server import cli
+    from reward_server.config import load_config
+
+    if not memory._is_glibc():
+        pytest.skip("not glibc: serve never starts again")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    tried = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        tried.append(env["GLIBC_TUNABLES"])
+        raise PermissionError("not allowed here")
+
+    monkeypatch.setattr(cli.os, "execve", execve)
+    with caplog.at_level("WARNING"):
+        cli._restart_with_malloc_tunables(load_config())  # returns: serving goes on
+    assert tried == ["glibc.malloc.tcache_count=0"]
+    assert "could not start again with GLIBC_TUNABLES" in caplog.text
+    tried.clear()
+    cli._restart_with_malloc_tunables(load_config(overrides=["server.malloc_tcache_count=null"]))
+    assert tried == []  # glibc's default asked: no restart
