@@ -42,7 +42,9 @@ def test_serve_runs_with_glibc_thread_cache_off(served) -> None:
     """server.malloc_tcache_count (0 by default) is in force: `serve` started itself again,
     same process, with the tunable glibc reads at start."""
     proc, _ = served
-    if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+    from reward_server.rpc.memory import _is_glibc
+
+    if not _is_glibc():
         pytest.skip("not glibc")
     environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
     assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0" in environ
