@@ -213,24 +213,34 @@ class RawH2:
                 for _ in range(64):  # 1 MiB a write
                     self._writer.write(frame)
                     sent += len(payload)
-                try:  # the server may stop reading: then it takes nothing more
-                    await asyncio.wait_for(self._writer.drain(), max(0.0, deadline - loop.time()))
-                except TimeoutError:
-                    break
-                if self._reader.at_eof():
-                    break
-                while True:  # read what the server sent (else it stops reading, paused)
+                while True:  # the server may stop reading, or close its side and not read
                     try:
-                        got = await asyncio.wait_for(self._reader.read(1 << 20), 0.0001)
-                    except TimeoutError:
+                        await asyncio.wait_for(self._writer.drain(),
+                                               max(0.0, min(0.1, deadline - loop.time())))
                         break
-                    if not got:
-                        raise ConnectionResetError
-                    buffered = self._scan_goaway(buffered + got)
+                    except TimeoutError:
+                        if loop.time() >= deadline:
+                            break
+                    buffered = await self._read_available(buffered)  # raises at its FIN
+                if loop.time() >= deadline or self._reader.at_eof():
+                    break
+                buffered = await self._read_available(buffered)  # else it stops reading
         except ConnectionError:
             pass
         self.closed = True
         return sent
+
+    async def _read_available(self, buffered: bytes) -> bytes:
+        """Read what the server has sent so far (looking for GOAWAY); ConnectionResetError once
+        it has closed its side."""
+        while True:
+            try:
+                got = await asyncio.wait_for(self._reader.read(1 << 20), 0.0001)
+            except TimeoutError:
+                return buffered
+            if not got:
+                raise ConnectionResetError
+            buffered = self._scan_goaway(buffered + got)
 
     def _count_refused(self, data: bytes) -> None:
         data = self._tail + data
@@ -343,11 +353,13 @@ class RawH2:
             await self._writer.wait_closed()
 
 
-def idle_socket(port: int, *, source: str | None = None, preface: bool = True) -> socket.socket:
+def idle_socket(port: int, *, source: str | None = None, preface: bool = True,
+                connect_timeout_s: float = 5.0) -> socket.socket:
     """A blocking TCP connection that sends only the HTTP/2 preface and SETTINGS (or nothing)
     and then holds still."""
-    k = socket.create_connection(("127.0.0.1", port),
+    k = socket.create_connection(("127.0.0.1", port), timeout=connect_timeout_s,
                                  source_address=(source, 0) if source is not None else None)
+    k.settimeout(None)
     if preface:
         c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         c.initiate_connection()
