@@ -234,7 +234,9 @@ def _named(codes: collections.Counter[int | None]) -> dict[str, int]:
 
 async def lockout(s: Server, args: argparse.Namespace) -> None:
     """8,300 connections from one address that send the HTTP/2 preface and hold still (more
-    than server.max_connections, 8,192), held ``args.attack_seconds``."""
+    than server.max_connections, 8,192), held ``args.attack_seconds``; opened one after the
+    other until one gets no answer within 5 s (the server drops the connection requests of a
+    peer at its share)."""
     n = args.lockout_connections
     _raise_open_files(n + 1024)
     async with phase(s, f"M. {n:,} connections from {ATTACKER} that hold still, "

@@ -8,7 +8,10 @@ duplicate, after checking the duplicate's addresses), so gRPC core sees the conn
 cancels its calls and frees it, as if the peer had gone. It closes:
 
 * a peer's connections past its share (``server.max_connections_per_peer``), the most idle
-  first: one address cannot take the whole connection cap and lock everyone else out;
+  first: one address cannot take the whole connection cap and lock everyone else out. While a
+  peer holds its share, its new connections are dropped by the kernel before gRPC accepts them
+  (:mod:`reward_server.rpc.synfilter`): gRPC keeps a handle for every connection it ever had
+  open at once, so closing them afterwards would leave their memory behind;
 * a connection whose client resets calls before their request arrives (rapid reset,
   CVE-2023-44487): gRPC core hands each such call to the server, which takes them one at a time,
   so past :data:`MAX_EARLY_RESETS` of them the connection is closed;
@@ -24,10 +27,16 @@ cancels its calls and frees it, as if the peer had gone. It closes:
   the connection was first seen (never below zero: a request's message counts when it is
   complete, its bytes before).
 
-It looks every ``server.connection_check_s`` (in a worker thread; a process with 8,000
-connections takes tens of milliseconds, reading descriptors, not the event loop), and reports
-the main port full while its connections reach ``server.max_connections``, for health.
-Elsewhere than on Linux it does nothing (logged once).
+It looks every ``server.connection_check_s`` (in a worker thread; about 20 us per descriptor
+on a 2-core machine, so tens of milliseconds with thousands of connections, not on the event
+loop), and sooner when the process's open descriptors have grown by a peer share's eighth since
+the last look (a flood of new connections: the count is ``/proc/self/fd``'s size, read every
+:data:`TRIGGER_CHECK_S` on the event loop, a few microseconds; Linux 6.2 and later, before it
+only the regular looks run), at most half of the time; such a look first counts each peer's
+connections from the kernel (:mod:`~reward_server.rpc.sockdiag`, several times faster) and
+looks at every descriptor only once a peer is at its share. It reports the main port full while
+its connections reach ``server.max_connections``, for health. Elsewhere than on Linux it does
+nothing (logged once).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from reward_server.rpc import sockdiag, synfilter
+
 logger = logging.getLogger(__name__)
 
 MAX_EARLY_RESETS = 256  # calls reset before their request, per connection and RESET_WINDOW_S
@@ -54,6 +65,7 @@ CALL_OVERHEAD_BYTES = 16 * 1024  # a call's headers, framing and window updates,
 _TCP_INFO_BYTES = 232
 _BYTES_RECEIVED = 128  # offsets in struct tcp_info (linux/tcp.h, Linux >= 4.1)
 _LAST_DATA_RECV = 52  # ms since the last data received (u32)
+TRIGGER_CHECK_S = 0.02  # how often the open descriptors are counted between looks
 
 Conn = tuple[str, int]  # the peer's address and port: one connection
 
@@ -84,8 +96,9 @@ def _normal(address: str) -> str:
     return address[7:] if address.startswith("::ffff:") and "." in address else address
 
 
-def _tcp_socket(fd: int, port: int) -> socket.socket | None:
-    """A duplicate of ``fd`` when it is a connected TCP socket on local ``port`` (close it)."""
+def _tcp_socket(fd: int, port: int, listeners: list[int] | None = None) -> socket.socket | None:
+    """A duplicate of ``fd`` when it is a connected TCP socket on local ``port`` (close it);
+    ``fd`` is added to ``listeners`` when it is the port's listening socket."""
     try:
         s = socket.socket(fileno=os.dup(fd))
     except OSError:
@@ -96,13 +109,22 @@ def _tcp_socket(fd: int, port: int) -> socket.socket | None:
             s.getpeername()  # raises for the listening socket
             return s
     except OSError:
-        pass
+        if listeners is not None and _listening(s):
+            listeners.append(fd)
     s.close()
     return None
 
 
-def scan(port: int) -> list[_Socket]:
-    """This process's connected TCP sockets on local ``port``."""
+def _listening(s: socket.socket) -> bool:
+    try:
+        return bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except OSError:
+        return False
+
+
+def scan(port: int, listeners: list[int] | None = None) -> list[_Socket]:
+    """This process's connected TCP sockets on local ``port`` (and its listening sockets'
+    descriptors appended to ``listeners``)."""
     out = []
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
@@ -111,7 +133,7 @@ def scan(port: int) -> list[_Socket]:
                 continue
         except OSError:
             continue
-        s = _tcp_socket(fd, port)
+        s = _tcp_socket(fd, port, listeners)
         if s is None:
             continue
         with s:
@@ -148,7 +170,8 @@ class ConnectionGuard:
     event loop; :meth:`watch` runs as a task)."""
 
     def __init__(self, port: int, *, max_connections: int | None, per_peer: int | None,
-                 max_streams: int, max_message: int, every_s: float) -> None:
+                 max_streams: int, max_message: int, every_s: float,
+                 shared_port: bool = False) -> None:
         self.port = port
         self.max_connections, self.per_peer = max_connections, per_peer
         self.every_s = every_s
@@ -165,6 +188,14 @@ class ConnectionGuard:
         self._unread: dict[Conn, int] = {}  # received but no request, since first seen
         self._parked_before: set[Conn] = set()
         self._closing: set[Conn] = set()
+        self.blocked: frozenset[str] = frozenset()  # peers at their share: new ones dropped
+        self._block: frozenset[str] = frozenset()  # what the last look asked for
+        self._filter = self.enabled and per_peer is not None
+        self._quick = self._filter  # a flood's first look from the kernel's socket lists
+        self._shared_port = shared_port  # other processes listen on it too (reuse_port)
+        self._listeners: list[int] = []  # the port's listening sockets, from the last look
+        self._files_at_look = 0
+        self._trigger = max(16, (per_peer or 0) // 8)
         self.on_full_change: Callable[[], None] | None = None  # health looks again
         if not self.enabled:
             logger.info("connection limits per peer are not enforced here (no /proc/self/fd)")
@@ -249,15 +280,81 @@ class ConnectionGuard:
         """Look at the connections every ``every_s`` (until cancelled)."""
         if not self.enabled:
             return
+        took = 0.0
         while True:
-            await asyncio.sleep(self.every_s)
+            flood = await self._until_next_look(rest_s=took)
+            t0 = time.perf_counter()
             try:
-                sockets = await asyncio.to_thread(scan, self.port)
+                self._files_at_look = sockdiag.open_files()
+                if flood and self._quick and self._listeners \
+                        and not await asyncio.to_thread(self._quick_look):
+                    took = time.perf_counter() - t0
+                    continue  # no peer at its share yet: the next look when it grows again
+                self._listeners = []
+                sockets = await asyncio.to_thread(scan, self.port, self._listeners)
                 closing = self._judge(sockets)
+                if self._block != self.blocked:
+                    await asyncio.to_thread(self._set_filter, self._block, self._listeners)
                 if closing:
                     await asyncio.to_thread(self._shut_all, closing)
             except Exception:  # never let the watch die; the next look tries again
                 logger.exception("looking at the connections failed")
+            took = time.perf_counter() - t0
+
+    def _quick_look(self) -> bool:
+        """Count each peer's connections from the kernel (:mod:`~reward_server.rpc.sockdiag`,
+        several times faster than :func:`scan`) and stop new ones of those at their share (in
+        the worker thread); whether the full look should follow (a peer is past its share now,
+        or the count failed)."""
+        try:
+            counts = sockdiag.peers(self.port, shared=self._shared_port)
+        except OSError as e:
+            self._quick = False
+            logger.info("the kernel's socket diagnostics are not available (%s): a flood of "
+                        "connections is looked at descriptor by descriptor", e)
+            return True
+        assert self.per_peer is not None
+        at_share = {h for h, n in counts.items() if n >= self.per_peer}
+        if at_share <= self.blocked:
+            return False
+        self._set_filter(self.blocked | at_share, self._listeners)
+        return True
+
+    async def _until_next_look(self, *, rest_s: float) -> bool:
+        """Sleep ``every_s``, or less when the open descriptors have grown by ``_trigger``
+        (but at least ``rest_s``, the last look's time, so looks take at most half of it);
+        whether it was less (a flood)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due, earliest = now + self.every_s, now + min(rest_s, self.every_s)
+        while (now := loop.time()) < due:
+            await asyncio.sleep(min(TRIGGER_CHECK_S, due - now))
+            if self.per_peer is None:
+                continue
+            files = sockdiag.open_files()
+            self._files_at_look = min(self._files_at_look, files)  # growth from the lowest
+            if loop.time() >= earliest and files >= self._files_at_look + self._trigger:
+                return True
+        return False
+
+    def _set_filter(self, block: frozenset[str], listeners: list[int]) -> None:
+        """Drop new connections from ``block`` on the port's ``listeners`` (in the worker
+        thread)."""
+        if not self._filter:
+            return
+        try:
+            for fd in listeners:
+                synfilter.attach(fd, block)
+        except OSError as e:
+            self._filter = False
+            logger.warning("cannot drop new connections of peers at their share on port %d (%s); "
+                           "their connections past it are closed instead", self.port, e)
+            return
+        for host in sorted(block - self.blocked):
+            logger.warning("%s holds its share of connections (server.max_connections_per_peer="
+                           "%s): its new connections are dropped until it has fewer", host,
+                           self.per_peer)
+        self.blocked = block
 
     def _shut_all(self, closing: list[tuple[_Socket, str, str]]) -> None:
         """Shut each down and count it (in the worker thread: a server stopping meanwhile
@@ -273,6 +370,7 @@ class ConnectionGuard:
         for s in sockets:
             by_host[s.conn[0]].append(s)
         if self.per_peer is not None:
+            self._block = frozenset(h for h, mine in by_host.items() if len(mine) >= self.per_peer)
             for host, mine in by_host.items():
                 if len(mine) > self.per_peer:
                     mine.sort(key=lambda s: s.idle_ms, reverse=True)  # the most idle first

@@ -271,7 +271,7 @@ def create_server(
     health = HealthServicer()
     guard = ConnectionGuard(0, max_connections=s.max_connections, per_peer=s.max_connections_per_peer,
                             max_streams=s.max_concurrent_streams, max_message=s.max_message_bytes,
-                            every_s=s.connection_check_s)
+                            every_s=s.connection_check_s, shared_port=s.reuse_port)
     monitor = HealthMonitor(health, ("", SERVICE_NAME), health_probe, interval_s=s.health_poll_s,
                             conditions=lambda: {"connections": guard.full} if guard.full else {})
     guard.on_full_change = monitor.poke

@@ -150,16 +150,20 @@ class ServerSettings(_Frozen):
         "unlimited."
     )
     max_connections_per_peer: int | None = Field(
-        2048, ge=1, description="Connections one address may hold open on the gRPC port; past "
-        "it its most idle ones are closed (looked at every connection_check_s), so that one "
-        "peer cannot take max_connections and lock the others out. gRPC's own cap is "
-        "max_connections plus this, so that a peer opening connections faster than they are "
-        "looked at does not lock the others out meanwhile. Clients behind one address (a NAT, "
-        "a proxy) share it. None: no share. Linux only (reward_server/rpc/connections.py)."
+        1024, ge=1, description="Connections one address may hold open on the gRPC port, so "
+        "that one peer cannot take max_connections and lock the others out: while it holds "
+        "this many, its new connections are dropped by the kernel before gRPC accepts them (a "
+        "socket filter; the peer's kernel retries them after 1, 3, 7 ... s), and past it its "
+        "most idle ones are closed (looked at every connection_check_s, and sooner when many "
+        "connections open at once). gRPC's own cap is max_connections plus this, so that a "
+        "peer opening connections faster than they are looked at does not lock the others "
+        "out meanwhile. Clients behind one address (a NAT, a proxy) share it. None: no share. "
+        "Linux only (reward_server/rpc/connections.py, synfilter.py)."
     )
     connection_check_s: float = Field(
         0.5, gt=0.0, le=60.0, description="How often the gRPC port's connections are looked at "
-        "(in a worker thread): shares per peer, connections that reset calls before sending "
+        "(in a worker thread; sooner when the process's open descriptors grow by an eighth of "
+        "max_connections_per_peer, Linux 6.2 and later): shares per peer, connections that reset calls before sending "
         "them (rapid reset), keep many calls waiting for their request, or send bytes that "
         "never become requests (a CONTINUATION flood) are closed; health is NOT_SERVING while "
         "max_connections are open."

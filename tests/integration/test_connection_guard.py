@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import sys
 import time
 
@@ -63,25 +64,48 @@ def test_grpc_peer_strings_name_the_connection() -> None:
     assert peer_of("unix:/tmp/s") is None
 
 
-async def test_a_peer_past_its_share_has_its_most_idle_connections_closed() -> None:
+async def test_a_peer_at_its_share_gets_no_more_connections_and_others_get_in() -> None:
+    """Ten connections tried from one address with a share of four: at most four stay open
+    (those past it that got in before the guard looked are closed, the most idle first), the
+    rest are dropped by the kernel; another address gets in meanwhile, and the peer gets in
+    again once it is below its share."""
     async with running_server([*FAST, "server.max_connections_per_peer=4"]) as r:
-        socks = [await asyncio.to_thread(idle_socket, r.port, source=ATTACKER) for _ in range(10)]
+        guard = r.app.server.guard
+        assert guard is not None
+
+        def attacker() -> socket.socket | None:
+            try:
+                return idle_socket(r.port, source=ATTACKER, connect_timeout_s=1.0)
+            except OSError:
+                return None
+
+        socks = [k for k in await asyncio.gather(*(asyncio.to_thread(attacker)
+                                                   for _ in range(10))) if k is not None]
         try:
             for _ in range(100):
-                closed = sum(closed_by_peer(k) for k in socks)
-                if closed >= 6:
+                if ATTACKER in guard.blocked and \
+                        sum(not closed_by_peer(k) for k in socks) <= 4:
                     break
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # no more than that
-            closed = sum(closed_by_peer(k) for k in socks)
+            await asyncio.sleep(0.3)  # nothing more closed
+            open_now = [k for k in socks if not closed_by_peer(k)]
+            assert await asyncio.to_thread(attacker) is None  # dropped: at its share
             async with grpc.aio.insecure_channel(r.target) as ch:  # another peer gets in
                 assert pb.ScoreResponse.FromString(
                     await ch.unary_unary(SCORE)(GOOD, timeout=10)).results[0].id == "ok"
-            assert await closes(r, "per_peer") == 6
+            assert len(open_now) == 4
+            assert guard.closed["per_peer"] == len(socks) - 4
+            open_now[0].close()
+            for _ in range(100):
+                if ATTACKER not in guard.blocked:
+                    break
+                await asyncio.sleep(0.05)
+            again = await asyncio.to_thread(attacker)
+            assert again is not None
+            again.close()
         finally:
             for k in socks:
                 k.close()
-    assert closed == 6
 
 
 async def test_rapid_reset_gets_the_connection_closed_and_others_are_served() -> None:
