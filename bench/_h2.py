@@ -211,6 +211,8 @@ class RawH2:
         try:
             while sent < nbytes and loop.time() < deadline and self.goaway is None:
                 for _ in range(64):  # 1 MiB a write
+                    if self._writer.is_closing():
+                        raise ConnectionResetError  # the server closed it
                     self._writer.write(frame)
                     sent += len(payload)
                 while True:  # the server may stop reading, or close its side and not read
