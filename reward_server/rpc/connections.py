@@ -346,7 +346,7 @@ class ConnectionGuard:
             for fd in listeners:
                 synfilter.attach(fd, block)
         except OSError as e:
-            self._filter = False
+            self._filter = self._quick = False
             logger.warning("cannot drop new connections of peers at their share on port %d (%s); "
                            "their connections past it are closed instead", self.port, e)
             return

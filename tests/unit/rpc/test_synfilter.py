@@ -4,6 +4,8 @@ peer, 127.0.0.1 and 127.0.0.3 for others. Linux only."""
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -71,3 +73,20 @@ def test_the_guard_blocks_a_peer_at_its_share_and_closes_the_most_idle_past_it()
     assert guard._block == {"10.0.0.1", "10.0.0.2"}
     guard._judge([*busy[:1], *at_share, *under])
     assert guard._block == {"10.0.0.2"}  # one below its share: let in again
+
+
+def test_where_the_kernel_refuses_the_filter_the_guard_says_so_and_closes_instead(
+        caplog: pytest.LogCaptureFixture) -> None:
+    guard = ConnectionGuard(1, max_connections=None, per_peer=2, max_streams=128,
+                            max_message=1 << 20, every_s=1.0)
+    read, write = os.pipe()  # not a socket: setsockopt fails as an unsupported kernel's would
+    try:
+        with caplog.at_level(logging.WARNING, logger="reward_server.rpc.connections"):
+            guard._set_filter(frozenset({"10.0.0.1"}), [read])
+            guard._set_filter(frozenset({"10.0.0.1"}), [read])  # not tried again
+    finally:
+        os.close(read)
+        os.close(write)
+    assert guard.blocked == frozenset()
+    said = [r.getMessage() for r in caplog.records if "cannot drop" in r.getMessage()]
+    assert len(said) == 1 and "on port 1" in said[0] and "closed instead" in said[0]
