@@ -178,16 +178,21 @@ async def rapid_reset(s: Server, args: argparse.Namespace) -> None:
     async with phase(s, f"J. rapid reset (CVE-2023-44487) from {ATTACKER}, "
                         f"{args.attack_seconds:.0f} s, reconnecting") as p:
         t0 = time.monotonic()
-        sent = closed = goaway = 0
-        while time.monotonic() - t0 < args.attack_seconds:
-            c = await RawH2.open(s.port, source=ATTACKER)
+        sent = closed = goaway = unanswered = 0
+        while (left := args.attack_seconds - (time.monotonic() - t0)) > 0:
+            try:  # the server may drop the connection requests of an address it closed
+                c = await asyncio.wait_for(RawH2.open(s.port, source=ATTACKER), left)
+            except (TimeoutError, OSError):
+                unanswered += 1
+                continue
             while time.monotonic() - t0 < args.attack_seconds and not c.closed and c.goaway is None:
                 sent += await c.rapid_reset(SCORE, 1000, metadata=AUTH)
             goaway += c.goaway is not None
             closed += c.closed or await c.wait_closed_by_peer(0.5)
             await c.close()
         p.outcome = (f"{sent:,} streams reset in {time.monotonic() - t0:.1f} s; the server closed "
-                     f"{closed} connections ({goaway} with GOAWAY)")
+                     f"{closed} connections ({goaway} with GOAWAY)"
+                     + (f"; {unanswered} connection attempts unanswered" if unanswered else ""))
 
 
 async def continuation_flood(s: Server, args: argparse.Namespace) -> None:

@@ -14,7 +14,8 @@ cancels its calls and frees it, as if the peer had gone. It closes:
   open at once, so closing them afterwards would leave their memory behind;
 * a connection whose client resets calls before their request arrives (rapid reset,
   CVE-2023-44487): gRPC core hands each such call to the server, which takes them one at a time,
-  so past :data:`MAX_EARLY_RESETS` of them the connection is closed;
+  so past :data:`MAX_EARLY_RESETS` of them the connection is closed, and its address gets no new
+  connection for :data:`RESET_WINDOW_S` (the same kernel filter);
 * a connection that keeps more than half of ``server.max_concurrent_streams`` calls waiting for
   their request for two looks in a row (parked half-open calls); and calls of a peer that has
   :data:`MAX_WAITING_PER_PEER` calls waiting already are refused at once, so that memory stays
@@ -45,124 +46,23 @@ import asyncio
 import collections
 import logging
 import os
-import socket
-import struct
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from reward_server.rpc import sockdiag, synfilter
+from reward_server.rpc.sockscan import Conn, Socket, scan, shut
 
 logger = logging.getLogger(__name__)
 
 MAX_EARLY_RESETS = 256  # calls reset before their request, per connection and RESET_WINDOW_S
-RESET_WINDOW_S = 10.0
+RESET_WINDOW_S = 10.0  # and, once its connection is closed for it, how long an address that
+# reset them gets no new connection (the kernel filter below; it would reconnect at once)
 MAX_WAITING_PER_PEER = 1024  # calls of one address waiting for their request at once; past
 WAITING_TO_CLOSE = 8  # it, a connection of that address with this many waiting is closed at once
 UNREAD_SLACK_BYTES = 16 * 1024 * 1024  # past one request, before a connection counts as flooding
 CALL_OVERHEAD_BYTES = 16 * 1024  # a call's headers, framing and window updates, generously
-_TCP_INFO_BYTES = 232
-_BYTES_RECEIVED = 128  # offsets in struct tcp_info (linux/tcp.h, Linux >= 4.1)
-_LAST_DATA_RECV = 52  # ms since the last data received (u32)
 TRIGGER_CHECK_S = 0.02  # how often the open descriptors are counted between looks
-
-Conn = tuple[str, int]  # the peer's address and port: one connection
-
-
-def peer_of(peer: str) -> Conn | None:
-    """``("127.0.0.1", 54321)`` from gRPC's peer string (``ipv4:127.0.0.1:54321``,
-    ``ipv6:[::1]:54321``); None for other transports."""
-    kind, _, rest = peer.partition(":")
-    if kind not in ("ipv4", "ipv6"):
-        return None
-    host, _, port = rest.rpartition(":")
-    try:
-        return host.strip("[]"), int(port)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class _Socket:
-    fd: int
-    conn: Conn
-    received: int  # bytes, as the kernel counts them
-    idle_ms: int  # since data last arrived
-
-
-def _normal(address: str) -> str:
-    """An IPv4 address seen on an IPv6 socket (``::ffff:1.2.3.4``) as gRPC names it."""
-    return address[7:] if address.startswith("::ffff:") and "." in address else address
-
-
-def _tcp_socket(fd: int, port: int, listeners: list[int] | None = None) -> socket.socket | None:
-    """A duplicate of ``fd`` when it is a connected TCP socket on local ``port`` (close it);
-    ``fd`` is added to ``listeners`` when it is the port's listening socket."""
-    try:
-        s = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
-    try:
-        if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
-                and s.getsockname()[1] == port:
-            s.getpeername()  # raises for the listening socket
-            return s
-    except OSError:
-        if listeners is not None and _listening(s):
-            listeners.append(fd)
-    s.close()
-    return None
-
-
-def _listening(s: socket.socket) -> bool:
-    try:
-        return bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
-    except OSError:
-        return False
-
-
-def scan(port: int, listeners: list[int] | None = None) -> list[_Socket]:
-    """This process's connected TCP sockets on local ``port`` (and its listening sockets'
-    descriptors appended to ``listeners``)."""
-    out = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-        except OSError:
-            continue
-        s = _tcp_socket(fd, port, listeners)
-        if s is None:
-            continue
-        with s:
-            try:
-                host, peer_port = s.getpeername()[:2]
-                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-            except OSError:
-                continue
-        received = struct.unpack_from("Q", info, _BYTES_RECEIVED)[0] if len(info) >= 136 else 0
-        idle = struct.unpack_from("I", info, _LAST_DATA_RECV)[0]
-        out.append(_Socket(fd, (_normal(host), peer_port), received, idle))
-    return out
-
-
-def shut(fd: int, port: int, conn: Conn) -> bool:
-    """Shut down the connection ``conn`` on local ``port`` whose descriptor is ``fd`` (checked
-    first: the descriptor may have been reused since); whether it was."""
-    s = _tcp_socket(fd, port)
-    if s is None:
-        return False
-    with s:
-        try:
-            host, peer_port = s.getpeername()[:2]
-            if (_normal(host), peer_port) != conn:
-                return False
-            s.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False
 
 
 class ConnectionGuard:
@@ -195,6 +95,7 @@ class ConnectionGuard:
         self._shared_port = shared_port  # other processes listen on it too (reuse_port)
         self._listeners: list[int] = []  # the port's listening sockets, from the last look
         self._files_at_look = 0
+        self._barred: dict[str, float] = {}  # rapid resetters: no new connection until then
         self._trigger = max(16, (per_peer or 0) // 8)
         self.on_full_change: Callable[[], None] | None = None  # health looks again
         if not self.enabled:
@@ -247,6 +148,8 @@ class ConnectionGuard:
                 self._resets.pop(conn, None)
                 self._close_now(conn, f"{MAX_EARLY_RESETS} calls reset before their request "
                                       f"within {RESET_WINDOW_S:.0f} s (rapid reset)", "rapid_reset")
+                if self._filter:  # and keep it out a while (a look soon sets the filter)
+                    self._barred[conn[0]] = now + RESET_WINDOW_S
 
     def _unwait(self, conn: Conn) -> None:
         self._waiting[conn] -= 1
@@ -314,11 +217,19 @@ class ConnectionGuard:
                         "connections is looked at descriptor by descriptor", e)
             return True
         assert self.per_peer is not None
-        at_share = {h for h, n in counts.items() if n >= self.per_peer}
-        if at_share <= self.blocked:
+        want = self.blocked | self._kept_out({h for h, n in counts.items() if n >= self.per_peer})
+        if want == self.blocked:
             return False
-        self._set_filter(self.blocked | at_share, self._listeners)
+        self._set_filter(want, self._listeners)
         return True
+
+    def _kept_out(self, at_share: set[str]) -> frozenset[str]:
+        """The peers whose new connections are dropped now: those at their share, and those
+        closed for rapid reset within :data:`RESET_WINDOW_S`."""
+        now = time.monotonic()
+        for host in [h for h, until in self._barred.items() if until <= now]:
+            del self._barred[host]
+        return frozenset(at_share | self._barred.keys())
 
     async def _until_next_look(self, *, rest_s: float) -> bool:
         """Sleep ``every_s``, or less when the open descriptors have grown by ``_trigger``
@@ -333,7 +244,8 @@ class ConnectionGuard:
                 continue
             files = sockdiag.open_files()
             self._files_at_look = min(self._files_at_look, files)  # growth from the lowest
-            if loop.time() >= earliest and files >= self._files_at_look + self._trigger:
+            if loop.time() >= earliest and (files >= self._files_at_look + self._trigger or (
+                    self._filter and not self._barred.keys() <= self.blocked)):
                 return True
         return False
 
@@ -356,21 +268,22 @@ class ConnectionGuard:
                            self.per_peer)
         self.blocked = block
 
-    def _shut_all(self, closing: list[tuple[_Socket, str, str]]) -> None:
+    def _shut_all(self, closing: list[tuple[Socket, str, str]]) -> None:
         """Shut each down and count it (in the worker thread: a server stopping meanwhile
         cancels the wait for it, not the count)."""
         for s, why, reason in closing:
             if shut(s.fd, self.port, s.conn):
                 self._log_close(s.conn, why, reason)
 
-    def _judge(self, sockets: list[_Socket]) -> list[tuple[_Socket, str, str]]:
+    def _judge(self, sockets: list[Socket]) -> list[tuple[Socket, str, str]]:
         """The connections to close now, and the port's state for health."""
-        closing: dict[Conn, tuple[_Socket, str, str]] = {}
-        by_host: dict[str, list[_Socket]] = collections.defaultdict(list)
+        closing: dict[Conn, tuple[Socket, str, str]] = {}
+        by_host: dict[str, list[Socket]] = collections.defaultdict(list)
         for s in sockets:
             by_host[s.conn[0]].append(s)
         if self.per_peer is not None:
-            self._block = frozenset(h for h, mine in by_host.items() if len(mine) >= self.per_peer)
+            self._block = self._kept_out({h for h, mine in by_host.items()
+                                          if len(mine) >= self.per_peer})
             for host, mine in by_host.items():
                 if len(mine) > self.per_peer:
                     mine.sort(key=lambda s: s.idle_ms, reverse=True)  # the most idle first

@@ -41,7 +41,8 @@ from prometheus_client import Counter, Histogram
 
 from reward_server.metrics import observe_call
 from reward_server.rpc.auth import TokenCheck
-from reward_server.rpc.connections import Conn, ConnectionGuard, peer_of
+from reward_server.rpc.connections import ConnectionGuard
+from reward_server.rpc.sockscan import Conn, peer_of
 
 # gRFC A66's recommended boundaries
 LATENCY_BOUNDARIES = (

@@ -1,6 +1,6 @@
 """How many connections each peer holds on a local port, from the kernel in one request (Linux).
 
-:func:`~reward_server.rpc.connections.scan` looks at every descriptor (about 20 us each), too
+:func:`~reward_server.rpc.sockscan.scan` looks at every descriptor (about 20 us each), too
 slow to notice a flood of new connections before thousands are in. The kernel's socket
 diagnostics (``NETLINK_SOCK_DIAG``, what ``ss`` reads; no privilege needed) list the TCP
 connections of a local port with their peer address and inode in one dump. Only this process

@@ -18,7 +18,8 @@ from bench._h2 import RawH2, closed_by_peer, grpc_frame, idle_socket
 from reward_server import domain as d
 from reward_server._proto.reward.v1 import reward_pb2 as pb
 from reward_server.api import convert
-from reward_server.rpc.connections import MAX_EARLY_RESETS, peer_of
+from reward_server.rpc.connections import MAX_EARLY_RESETS
+from reward_server.rpc.sockscan import peer_of
 
 from .conftest import Running, running_server
 
@@ -110,8 +111,9 @@ async def test_a_peer_at_its_share_gets_no_more_connections_and_others_get_in() 
 
 async def test_rapid_reset_gets_the_connection_closed_and_others_are_served() -> None:
     """CVE-2023-44487: streams reset right after their headers, as fast as they go. gRPC core
-    hands each to the server; past MAX_EARLY_RESETS of them the connection is closed. A good
-    client meanwhile loses no call (none CANCELLED)."""
+    hands each to the server; past MAX_EARLY_RESETS of them the connection is closed and the
+    address gets no new connection for a while. A good client meanwhile loses no call (none
+    CANCELLED)."""
     async with running_server(FAST) as r:
         stop = asyncio.Event()
         good = asyncio.create_task(good_calls(r, stop))
@@ -127,6 +129,14 @@ async def test_rapid_reset_gets_the_connection_closed_and_others_are_served() ->
             stop.set()
         codes = await good
         resets = await closes(r, "rapid_reset")
+        guard = r.app.server.guard
+        assert guard is not None
+        for _ in range(50):
+            if ATTACKER in guard.blocked:
+                break
+            await asyncio.sleep(0.02)
+        with pytest.raises(OSError):  # kept out: the connection request gets no answer
+            await asyncio.to_thread(idle_socket, r.port, source=ATTACKER, connect_timeout_s=1.0)
     assert closed and resets >= 1, sent
     assert sent >= MAX_EARLY_RESETS
     assert set(codes) == {"OK"}, codes

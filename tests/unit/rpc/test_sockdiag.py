@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from reward_server.rpc import connections, sockdiag
+from reward_server.rpc import sockdiag, sockscan
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -31,7 +31,7 @@ def test_the_kernels_count_per_peer_is_the_scans(family: socket.AddressFamily, h
                                                      source_address=(source, 0)))
                 ends.append(srv.accept()[0])
             ends.pop().close()  # one closed on the server's side: no longer counted
-            scanned = collections.Counter(s.conn[0] for s in connections.scan(port))
+            scanned = collections.Counter(s.conn[0] for s in sockscan.scan(port))
             assert scanned == {"127.0.0.2": 7, "127.0.0.1": 4}
             assert sockdiag.peers(port, shared=False) == scanned
             assert sockdiag.peers(port, shared=True) == scanned  # only this process's

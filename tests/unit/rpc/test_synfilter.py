@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from reward_server.rpc import synfilter
-from reward_server.rpc.connections import ConnectionGuard, _Socket
+from reward_server.rpc.connections import ConnectionGuard
+from reward_server.rpc.sockscan import Socket
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 BLOCKED = "127.0.0.2"
@@ -64,9 +65,9 @@ def test_the_program_checks_ipv6_sources_word_by_word() -> None:
 def test_the_guard_blocks_a_peer_at_its_share_and_closes_the_most_idle_past_it() -> None:
     guard = ConnectionGuard(1, max_connections=None, per_peer=2, max_streams=128,
                             max_message=1 << 20, every_s=1.0)
-    busy = [_Socket(10 + i, ("10.0.0.1", 1000 + i), 0, idle_ms=i) for i in range(5)]
-    at_share = [_Socket(20 + i, ("10.0.0.2", 2000 + i), 0, idle_ms=0) for i in range(2)]
-    under = [_Socket(30, ("10.0.0.3", 3000), 0, idle_ms=0)]
+    busy = [Socket(10 + i, ("10.0.0.1", 1000 + i), 0, idle_ms=i) for i in range(5)]
+    at_share = [Socket(20 + i, ("10.0.0.2", 2000 + i), 0, idle_ms=0) for i in range(2)]
+    under = [Socket(30, ("10.0.0.3", 3000), 0, idle_ms=0)]
     closing = guard._judge([*busy, *at_share, *under])
     assert sorted(s.conn[1] for s, _why, reason in closing if reason == "per_peer") == \
         [1002, 1003, 1004]  # the three most idle of five, with a share of two
