@@ -189,8 +189,8 @@ class ConnectionGuard:
             t0 = time.perf_counter()
             try:
                 self._files_at_look = sockdiag.open_files()
-                if flood and self._quick and self._listeners \
-                        and not await asyncio.to_thread(self._quick_look):
+                if flood and self._quick and self._listeners and not await asyncio.to_thread(
+                        self._quick_look, self._kept_out(set())):
                     took = time.perf_counter() - t0
                     continue  # no peer at its share yet: the next look when it grows again
                 self._listeners = []
@@ -204,11 +204,12 @@ class ConnectionGuard:
                 logger.exception("looking at the connections failed")
             took = time.perf_counter() - t0
 
-    def _quick_look(self) -> bool:
+    def _quick_look(self, barred: frozenset[str]) -> bool:
         """Count each peer's connections from the kernel (:mod:`~reward_server.rpc.sockdiag`,
-        several times faster than :func:`scan`) and stop new ones of those at their share (in
-        the worker thread); whether the full look should follow (a peer is past its share now,
-        or the count failed)."""
+        several times faster than :func:`scan`) and stop new ones of those at their share and
+        of ``barred`` (in the worker thread; ``barred`` is read on the event loop, which
+        changes it); whether the full look should follow (a peer is past its share now, or
+        the count failed)."""
         try:
             counts = sockdiag.peers(self.port, shared=self._shared_port)
         except OSError as e:
@@ -217,7 +218,7 @@ class ConnectionGuard:
                         "connections is looked at descriptor by descriptor", e)
             return True
         assert self.per_peer is not None
-        want = self.blocked | self._kept_out({h for h, n in counts.items() if n >= self.per_peer})
+        want = self.blocked | barred | {h for h, n in counts.items() if n >= self.per_peer}
         if want == self.blocked:
             return False
         self._set_filter(want, self._listeners)

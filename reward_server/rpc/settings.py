@@ -163,8 +163,8 @@ class ServerSettings(_Frozen):
     connection_check_s: float = Field(
         0.5, gt=0.0, le=60.0, description="How often the gRPC port's connections are looked at "
         "(in a worker thread; sooner when the process's open descriptors grow by an eighth of "
-        "max_connections_per_peer, Linux 6.2 and later): shares per peer, connections that reset calls before sending "
-        "them (rapid reset), keep many calls waiting for their request, or send bytes that "
+        "max_connections_per_peer, Linux 6.2 and later): shares per peer, connections that "
+        "reset calls before sending them (rapid reset), keep many calls waiting for their request, or send bytes that "
         "never become requests (a CONTINUATION flood) are closed; health is NOT_SERVING while "
         "max_connections are open."
     )

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
-import logging
 import os
 import socket
 import struct
 from collections.abc import Iterable
-
-logger = logging.getLogger(__name__)
 
 MAX_BLOCKED = 256  # addresses in one filter (each v4 address 2 instructions, v6 9; limit 4,096)
 _SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # asm-generic/socket.h
