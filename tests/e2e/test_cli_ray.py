@@ -179,8 +179,9 @@ async def test_kept_and_attached_apps_stay_and_the_log_is_the_servers_own(ray_se
 
 
 STOP_THEN_WAIT = """
-import asyncio, sys
+import asyncio, gc, sys
 import ray
+from ray.serve._private.long_poll import LongPollClient
 from reward_server import domain as d
 from reward_server.app import start_app
 from reward_server.client import AsyncRewardClient
@@ -196,6 +197,8 @@ async def main() -> None:
                  for k in range(4)]
         assert all(r.status is d.ItemStatus.OK for r in await client.score(items))
     await app.stop(grace=1.0, drain_delay=0)
+    polling = [c.client_id for c in gc.get_objects() if isinstance(c, LongPollClient) and c.is_running]
+    print("long polls running after stop:", polling, flush=True)
     await asyncio.sleep(float(sys.argv[3]))  # the loop lives on, as in a notebook or a test
     print("ray initialized after stop:", ray.is_initialized(), flush=True)
 
@@ -214,6 +217,8 @@ def test_a_stopped_app_leaves_no_ray_behind_on_a_loop_that_lives_on(ray_session:
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ray initialized after stop: False" in out.stdout, out.stdout + out.stderr[-3000:]
+    # a poll left running (the router thread's too) can restart Ray or end the process
+    assert "long polls running after stop: []" in out.stdout, out.stdout
     assert "Can't find actor" not in out.stderr, out.stderr[-3000:]
     assert "Started a local Ray instance" not in out.stderr, out.stderr[-3000:]
     assert app_statuses("t-stopwait") == {}

@@ -113,6 +113,29 @@ class ReplicaHealth:
         return h
 
 
+def _stop_polls(router: Any) -> None:
+    """Stop a Serve AsyncioRouter's long polls: its own client and the one shared by the
+    routers of its controller and event loop. Call on the router's event loop, so that no
+    poll is being sent while they stop (a poll that is out returns with nothing sent after)."""
+    router.long_poll_client.stop()
+    SharedRouterLongPollClient.get_or_create(
+        router.long_poll_client.host_actor, router._event_loop).long_poll_client.stop()
+
+
+async def _stop_router_thread(handle: DeploymentHandle[Any]) -> None:
+    """Shut down the router of a handle that routes on Serve's router thread (the default)
+    and stop its polls there, waiting until they are stopped."""
+    router = getattr(handle._router, "_asyncio_router", None)  # Serve's SingletonThreadRouter
+    if router is None:  # never used for a call
+        return
+    await handle.shutdown_async()
+
+    async def stop() -> None:
+        _stop_polls(router)
+
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(stop(), router._event_loop))
+
+
 class HandleCaller:
     """Calls one method family of one deployment with the policy in the module doc."""
 
@@ -232,21 +255,23 @@ class HandleCaller:
     async def close(self, *, ray_stopping: bool) -> None:
         """Shut down the router of :meth:`_hot_handle` (on its own loop, this one).
 
-        ``ray_stopping``: Ray is about to be shut down in this process. Serve's routers also
-        register with a long-poll client shared per controller and event loop, which nothing
-        stops: left polling on a loop that outlives Ray, its next poll auto-starts a new local
-        Ray (with its dashboard) and logs "Can't find actor" tracebacks. It is stopped then.
+        ``ray_stopping``: Ray is about to be shut down in this process. Serve's routers poll
+        the controller (one long-poll client of their own, and one shared per controller and
+        event loop), and nothing stops those polls: left running on a loop that outlives Ray,
+        the next poll auto-starts a new local Ray (with its dashboard), logs "Can't find
+        actor" tracebacks, or, from the router thread, ends the process ("The core worker has
+        already been shutdown"). So then both routers' polls are stopped too: the hot
+        handle's on this loop, and the start-up handle's on Serve's router thread.
         """
         hot, self._hot = self._hot, None
-        if hot is None or hot[0] is not asyncio.get_running_loop():
-            return
-        own = hot[2]
-        router = getattr(own._router, "_asyncio_router", None)  # Serve's CurrentLoopRouter
-        await own.shutdown_async()
-        if ray_stopping and router is not None:
-            router.long_poll_client.stop()
-            SharedRouterLongPollClient.get_or_create(
-                router.long_poll_client.host_actor, hot[0]).long_poll_client.stop()
+        if hot is not None and hot[0] is asyncio.get_running_loop():
+            own = hot[2]
+            router = getattr(own._router, "_asyncio_router", None)  # Serve's CurrentLoopRouter
+            await own.shutdown_async()
+            if ray_stopping and router is not None:
+                _stop_polls(router)
+        if ray_stopping:
+            await _stop_router_thread(self.handle)
 
     async def _once(self, method: str, piece: list[Any]) -> Any:
         try:
