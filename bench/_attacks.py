@@ -242,14 +242,30 @@ async def lockout(s: Server, args: argparse.Namespace) -> None:
     than server.max_connections, 8,192), held ``args.attack_seconds``; opened one after the
     other until one gets no answer within 5 s (the server drops the connection requests of a
     peer at its share)."""
+    await _hold_still(s, args, [ATTACKER], "M")
+
+
+SPREAD = [f"127.0.1.{k}" for k in range(1, 17)]
+
+
+async def spread_lockout(s: Server, args: argparse.Namespace) -> None:
+    """M from 16 addresses (127.0.1.1-16), each under its share: what the per-peer share does
+    not cover. Past server.max_connections gRPC refuses every new connection, the
+    well-behaved client's too, and health says so (NOT_SERVING)."""
+    await _hold_still(s, args, SPREAD, "Q")
+
+
+async def _hold_still(s: Server, args: argparse.Namespace, sources: list[str], row: str) -> None:
     n = args.lockout_connections
     _raise_open_files(n + 1024)
-    async with phase(s, f"M. {n:,} connections from {ATTACKER} that hold still, "
+    who = sources[0] if len(sources) == 1 else f"{len(sources)} addresses, {n // len(sources):,}+ each"
+    async with phase(s, f"{row}. {n:,} connections from {who} that hold still, "
                         f"{args.attack_seconds:.0f} s (the connection cap)", settle_s=5.0) as p:
         socks = []
-        for _ in range(n):
+        for k in range(n):
             try:
-                socks.append(await asyncio.to_thread(idle_socket, s.port, source=ATTACKER))
+                socks.append(await asyncio.to_thread(idle_socket, s.port,
+                                                     source=sources[k % len(sources)]))
             except OSError as e:
                 p.outcome = f"(could open only {len(socks)}: {e}) "
                 break

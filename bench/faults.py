@@ -49,6 +49,7 @@ from _attacks import (
     lockout,
     parked_calls,
     rapid_reset,
+    spread_lockout,
     trainer_load,
     warm_up,
 )
@@ -597,7 +598,7 @@ def admission_limit(target: str) -> int:
 
 
 ISSUE51 = {"P": http_json_numbers, "N": gzip_bombs, "J": rapid_reset, "K": continuation_flood,
-           "O": http_slow_bodies, "L": parked_calls, "M": lockout}
+           "O": http_slow_bodies, "L": parked_calls, "M": lockout, "Q": spread_lockout}
 ISSUE51_ORDER = "PNJKOLM"  # the order least likely to leave state behind for the next
 
 
@@ -775,14 +776,15 @@ def main() -> None:
     ap.add_argument("--attack-seconds", type=float, default=20.0,
                     help="how long each of issue 51's attacks (J-O) goes on")
     ap.add_argument("--lockout-connections", type=int, default=8300,
-                    help="connections of attack M (server.max_connections is 8,192)")
+                    help="connections of attacks M and Q (server.max_connections is 8,192)")
     ap.add_argument("--warm", type=float, default=0.0, metavar="SECONDS",
                     help="before issue 51's attacks, a trainer's load (1,024 closed loops of "
                     "1-item calls) on each door for this long, so that each attack's RSS "
                     "before is a server that served its usual peak (default 0: none)")
     ap.add_argument("--attacks", default=ISSUE51_ORDER, type=str.upper,
                     help=f"which of issue 51's attacks run, in order (default {ISSUE51_ORDER}; a "
-                    "letter given twice runs twice, e.g. JJJ)")
+                    "letter given twice runs twice, e.g. JJJ; Q, M from 16 addresses, runs only "
+                    "when named)")
     ap.add_argument("--only", choices=["overload", "streams", "connections", "big", "memory", "small",
                                        "trainer", "issue51"],
                     help="run only the baselines and one class: the overload (4), attack B "
@@ -791,7 +793,7 @@ def main() -> None:
                     "1-item callers (G, small)")
     args = ap.parse_args()
     if unknown := set(args.attacks) - set(ISSUE51):
-        ap.error(f"--attacks: no attack {''.join(sorted(unknown))} (known: {ISSUE51_ORDER})")
+        ap.error(f"--attacks: no attack {''.join(sorted(unknown))} (known: {''.join(ISSUE51)})")
     for k, v in (TUNED if args.tuned else DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
