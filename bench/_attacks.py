@@ -250,8 +250,8 @@ SPREAD = [f"127.0.1.{k}" for k in range(1, 17)]
 
 async def spread_lockout(s: Server, args: argparse.Namespace) -> None:
     """M from 16 addresses (127.0.1.1-16), each under its share: what the per-peer share does
-    not cover. Past server.max_connections gRPC refuses every new connection, the
-    well-behaved client's too, and health says so (NOT_SERVING)."""
+    not cover. 8,300 fit under gRPC's own cap (max_connections + one share, 9,216); health
+    is NOT_SERVING while max_connections (8,192) are open."""
     await _hold_still(s, args, SPREAD, "Q")
 
 

@@ -236,13 +236,14 @@ class ConnectionGuard:
         """Sleep ``every_s``, or less when the open descriptors have grown by ``_trigger``
         (but at least ``rest_s``, the last look's time, so looks take at most half of it);
         whether it was less (a flood)."""
+        if self.per_peer is None:  # no share: nothing to look at sooner for
+            await asyncio.sleep(self.every_s)
+            return False
         loop = asyncio.get_running_loop()
         now = loop.time()
         due, earliest = now + self.every_s, now + min(rest_s, self.every_s)
         while (now := loop.time()) < due:
             await asyncio.sleep(min(TRIGGER_CHECK_S, due - now))
-            if self.per_peer is None:
-                continue
             files = sockdiag.open_files()
             self._files_at_look = min(self._files_at_look, files)  # growth from the lowest
             if loop.time() >= earliest and (files >= self._files_at_look + self._trigger or (

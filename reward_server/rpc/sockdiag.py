@@ -16,6 +16,8 @@ import os
 import socket
 import struct
 
+from reward_server.rpc.sockscan import socket_fds
+
 _NETLINK_SOCK_DIAG = 4
 _SOCK_DIAG_BY_FAMILY = 20
 _NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
@@ -81,25 +83,12 @@ def open_files() -> int:
         return 0
 
 
-def _own_inodes() -> set[int]:
-    """The inodes of this process's sockets."""
-    out = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(int(link[8:-1]))
-    return out
-
-
 def peers(port: int, *, shared: bool) -> collections.Counter[str]:
     """How many connections each peer address holds on local ``port`` (IPv4 peers of a
     dual-stack socket by their IPv4 address); ``shared``: other processes listen on it too,
     count only this one's. Raises OSError where the kernel's socket diagnostics are not
     available."""
-    mine = _own_inodes() if shared else None
+    mine = {inode for _, inode in socket_fds()} if shared else None
     counts: collections.Counter[str] = collections.Counter()
     for family in (socket.AF_INET, socket.AF_INET6):
         for peer, inode in _dump(family, port):

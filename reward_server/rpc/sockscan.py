@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _TCP_INFO_BYTES = 232
@@ -18,7 +19,7 @@ _LAST_DATA_RECV = 52  # ms since the last data received (u32)
 
 Conn = tuple[str, int]  # the peer's address and port: one connection
 
-__all__ = ["Conn", "Socket", "peer_of", "scan", "shut"]
+__all__ = ["Conn", "Socket", "peer_of", "scan", "shut", "socket_fds"]
 
 
 def peer_of(peer: str) -> Conn | None:
@@ -73,17 +74,23 @@ def _listening(s: socket.socket) -> bool:
         return False
 
 
+def socket_fds() -> Iterator[tuple[int, int]]:
+    """(descriptor, inode) of each of this process's sockets (``/proc/self/fd``, a readlink
+    each)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            yield int(name), int(link[8:-1])
+
+
 def scan(port: int, listeners: list[int] | None = None) -> list[Socket]:
     """This process's connected TCP sockets on local ``port`` (and its listening sockets'
     descriptors appended to ``listeners``)."""
     out = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-        except OSError:
-            continue
+    for fd, _ in socket_fds():
         s = _tcp_socket(fd, port, listeners)
         if s is None:
             continue

@@ -122,13 +122,17 @@ def _stop_polls(router: Any) -> None:
         router.long_poll_client.host_actor, router._event_loop).long_poll_client.stop()
 
 
-async def _stop_router_thread(handle: DeploymentHandle[Any]) -> None:
-    """Shut down the router of a handle that routes on Serve's router thread (the default)
-    and stop its polls there, waiting until they are stopped."""
-    router = getattr(handle._router, "_asyncio_router", None)  # Serve's SingletonThreadRouter
-    if router is None:  # never used for a call
+async def _shut_router(handle: DeploymentHandle[Any], *, stop_polls: bool) -> None:
+    """Shut down a handle's router; with ``stop_polls``, stop its long polls too, on the
+    router's own event loop (this one, or Serve's router thread: then waiting until they are
+    stopped)."""
+    await handle.shutdown_async()  # nothing to do for a handle never used for a call
+    router = getattr(handle._router, "_asyncio_router", None)  # Serve's router's inner one
+    if not stop_polls or router is None:
         return
-    await handle.shutdown_async()
+    if router._event_loop is asyncio.get_running_loop():
+        _stop_polls(router)
+        return
 
     async def stop() -> None:
         _stop_polls(router)
@@ -265,13 +269,9 @@ class HandleCaller:
         """
         hot, self._hot = self._hot, None
         if hot is not None and hot[0] is asyncio.get_running_loop():
-            own = hot[2]
-            router = getattr(own._router, "_asyncio_router", None)  # Serve's CurrentLoopRouter
-            await own.shutdown_async()
-            if ray_stopping and router is not None:
-                _stop_polls(router)
+            await _shut_router(hot[2], stop_polls=ray_stopping)
         if ray_stopping:
-            await _stop_router_thread(self.handle)
+            await _shut_router(self.handle, stop_polls=True)
 
     async def _once(self, method: str, piece: list[Any]) -> Any:
         try:
